@@ -1,0 +1,3 @@
+"""pcc: the precision-contract compiler for LLM reinforcement learning."""
+
+__version__ = "0.1.0"

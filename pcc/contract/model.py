@@ -1,0 +1,216 @@
+"""The canonical contract: a typed pydantic model, the same for .prec, YAML and JSON.
+
+Every section has defaults so that a child contract (``extends``) states only
+what it changes; `pcc.contract.io` merges parent and child at the dict level
+using exactly the fields each one set.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Format = Literal["bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "nvfp4", "int4", "int8"]
+WIDE_FORMATS = ("bf16", "fp16", "fp32")
+Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
+ScaleDtype = Literal["fp32", "pow2", "e8m0", "e4m3_fp32"]
+Component = Literal["rollout", "fprop", "dgrad", "wgrad"]
+GEMM_COMPONENTS = ("fprop", "dgrad", "wgrad")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Grouping(_Model):
+    """Which values share one scale."""
+
+    kind: Literal["tensor", "row", "token", "block", "tile", "group"]
+    rows: int | None = Field(default=None, ge=1, le=65536)
+    cols: int | None = Field(default=None, ge=1, le=65536)
+    size: int | None = Field(default=None, ge=1, le=65536)
+
+    @model_validator(mode="after")
+    def _dims(self) -> "Grouping":
+        dims = {"block": ("rows", "cols"), "tile": ("rows", "cols"), "group": ("size",)}.get(self.kind, ())
+        for f in ("rows", "cols", "size"):
+            if (getattr(self, f) is not None) != (f in dims):
+                raise ValueError(f"grouping '{self.kind}' {'needs' if f in dims else 'takes no'} '{f}'")
+        if self.kind == "tile" and self.rows != 1:
+            raise ValueError("a tile is 1xK (one row of K values); use 'block' for 2-D groups")
+        return self
+
+    def text(self) -> str:
+        if self.kind in ("block", "tile"):
+            return f"{self.kind} {self.rows}x{self.cols}"
+        if self.kind == "group":
+            return f"group {self.size}"
+        return self.kind
+
+
+class SchemeSpec(_Model):
+    """Format + scale grouping per role + scale dtype + rounding + packing.
+
+    A role whose grouping is None is not quantized by this scheme (W4A16 keeps
+    activations wide). The builder fills format defaults before validation.
+    """
+
+    format: Format
+    weights: Grouping | None = None
+    activations: Grouping | None = None
+    gradients: Grouping | None = None
+    scale: ScaleDtype | None = None
+    amax: Literal["current", "delayed"] = "current"
+    rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
+    packing: Literal["e2m1x2", "int32x8"] | None = None
+    symmetric: bool = True
+
+    @property
+    def wide(self) -> bool:
+        return self.format in WIDE_FORMATS
+
+
+class ModelRef(_Model):
+    catalog: str | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "ModelRef":
+        if (self.catalog is None) == (self.path is None):
+            raise ValueError("a model is either a catalog name or a checkpoint path")
+        return self
+
+
+class Rule(_Model):
+    """Operators matched by `patterns` get `scheme` in `components`.
+
+    `keep` rules beat pattern rules; among rules of one kind the later wins
+    (docs/language.md, "Precedence").
+    """
+
+    components: list[Component] = Field(min_length=1)
+    patterns: list[str] = Field(min_length=1)
+    scheme: str
+    keep: bool = False
+    gemm: Literal["real", "qdq"] | None = None
+    accumulate: Literal["fp32", "bf16", "fp16"] | None = None
+    output: Literal["fp32", "bf16", "fp16"] | None = None
+
+
+class Parallel(_Model):
+    tp: int = Field(default=1, ge=1, le=4096)
+    ep: int = Field(default=1, ge=1, le=4096)
+    pp: int = Field(default=1, ge=1, le=4096)
+    dp: int = Field(default=1, ge=1, le=65536)
+    gpus: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class Rollout(_Model):
+    engine: Literal["sglang"] = "sglang"
+    hardware: str | None = None
+    rules: list[Rule] = Field(default_factory=list)
+    parallel: Parallel = Parallel()
+    deterministic: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    record: list[Literal["logprobs", "experts", "versions"]] = ["logprobs", "versions"]
+
+
+class Optimizer(_Model):
+    kind: Literal["adam", "sgd"] = "adam"
+    distributed: bool = False
+    offload: bool = False
+    precision_aware: bool = False
+
+
+class Trainer(_Model):
+    engine: Literal["megatron", "fsdp"] = "megatron"
+    impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    hardware: str | None = None
+    rules: list[Rule] = Field(default_factory=list)
+    params: Dtype = "bf16"
+    master: Dtype = "fp32"
+    moments: Dtype = "fp32"
+    grads: Dtype = "fp32"
+    param_gather: Dtype = "bf16"
+    optimizer: Optimizer = Optimizer()
+    parallel: Parallel = Parallel()
+
+
+class Trainable(_Model):
+    kind: Literal["all", "none", "lora"] = "all"
+    rank: int | None = Field(default=None, ge=1, le=65536)
+    alpha: float | None = Field(default=None, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    targets: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _lora(self) -> "Trainable":
+        if self.kind == "lora":
+            if self.rank is None or not self.targets:
+                raise ValueError("a LoRA trainable set needs 'rank' and 'targets'")
+        elif self.rank is not None or self.targets:
+            raise ValueError(f"'rank' and 'targets' belong to 'trainable lora', not 'trainable {self.kind}'")
+        return self
+
+
+class Sync(_Model):
+    moves: Literal["full_weights", "adapter"] = "full_weights"
+    schedule: Literal["colocated", "async"] = "colocated"
+    max_staleness: int = Field(default=0, ge=0, le=1000)
+    bridge: Literal["bf16", "fp8", "packed"] = "bf16"
+    activation: Literal["atomic", "eager"] = "atomic"
+    transfer: Literal["broadcast", "p2p", "disk"] = "broadcast"
+    interval: int = Field(default=1, ge=1, le=100000)
+
+
+class Correction(_Model):
+    kind: Literal["none", "tis", "mis", "masked", "rejection"] = "none"
+    clip: float | None = Field(default=None, gt=0)
+    low: float | None = Field(default=None, ge=0)
+    level: Literal["token", "sequence"] = "token"
+    threshold: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "Correction":
+        if self.kind == "tis" and self.clip is None:
+            raise ValueError("'correction tis' needs 'clip' (e.g. clip 2.0)")
+        if self.clip is not None and self.low is not None and self.low >= self.clip:
+            raise ValueError("'low' must be below 'clip'")
+        return self
+
+
+class Expectation(_Model):
+    metric: str
+    stat: str | None = None
+    op: Literal["<=", ">=", "<", ">", "=="]
+    value: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric} {self.stat}" if self.stat else self.metric
+
+
+class Contract(_Model):
+    """One precision contract, canonical after `extends` is resolved."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    extends: str | None = None
+    model: ModelRef | None = None
+    hardware: str | None = None
+    schemes: dict[str, SchemeSpec] = Field(default_factory=dict)
+    rollout: Rollout = Rollout()
+    trainer: Trainer = Trainer()
+    trainable: Trainable = Trainable()
+    sync: Sync = Sync()
+    correction: Correction = Correction()
+    routing_replay: Literal["none", "r2", "r3"] = "none"
+    expect: list[Expectation] = Field(default_factory=list)
+
+    @field_validator("schemes")
+    @classmethod
+    def _scheme_names(cls, v: dict[str, SchemeSpec]) -> dict[str, SchemeSpec]:
+        for k in v:
+            if not k.replace("_", "a").replace("-", "a").isalnum():
+                raise ValueError(f"scheme name {k!r} is not a name")
+        return v

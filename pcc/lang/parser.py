@@ -1,0 +1,125 @@
+"""Parse .prec text into lark's tree (the AST), with positions on every node.
+
+Lark errors become positioned diagnostics (PCC1xx); no input, however
+malformed, escapes as a traceback.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from lark import Lark, Token, Tree
+from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Span, did_you_mean
+from pcc.resources import data_dir
+
+MAX_BYTES = 1 << 20  # contracts are small; a larger file is a mistake, not a contract
+
+# Human names for the grammar's terminals, for "expected ..." messages.
+_TERMINAL_NAMES = {
+    "IDENT": "a name", "PATTERN": "an operator pattern", "STRING": "a quoted string",
+    "INT": "an integer", "SIGNED_INT": "an integer", "NUMBER": "a number", "DIMS": "RxC dimensions",
+    "LBRACE": "'{'", "RBRACE": "'}'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
+    "LSQB": "'['", "RSQB": "']'", "PLUS": "'+'", "CMP": "a comparison (<=, >=, <, >, ==)",
+    "ROLE": "weights/activations/gradients", "COMPONENT": "fprop/dgrad/wgrad/gemm",
+    "STATE": "params/master/moments/grads/param_gather", "PAR_KEY": "tp/ep/pp/dp/gpus",
+    "SYNC_KEY": "a sync option", "CORR_KEY": "clip/low/level/threshold", "$END": "end of file",
+}
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    grammar = (data_dir("grammar") / "prec.lark").read_text(encoding="utf-8")
+    return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
+                maybe_placeholders=False, start=["start", "scheme_expr"])
+
+
+def _expected(names: set[str]) -> list[str]:
+    out = set()
+    for n in names:
+        if n in _TERMINAL_NAMES:
+            out.add(_TERMINAL_NAMES[n])
+        else:
+            pattern = _lark().get_terminal(n).pattern
+            out.add(f"'{pattern.value}'" if pattern.type == "str" else n.lower())
+    return sorted(out)
+
+
+def _keywords(names: set[str]) -> list[str]:
+    words = []
+    for n in names:
+        try:
+            pattern = _lark().get_terminal(n).pattern
+        except KeyError:
+            continue
+        if pattern.type == "str" and pattern.value.isidentifier():
+            words.append(pattern.value)
+    return words
+
+
+def _diagnose(exc: UnexpectedInput, file: str, text: str) -> Diagnostic:
+    line = getattr(exc, "line", None) or 1
+    col = getattr(exc, "column", None) or 1
+    if line < 1:  # lark reports EOF as line -1
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    span = Span(file, line, col, line, col + 1)
+    if isinstance(exc, UnexpectedCharacters):
+        ch = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        return Diagnostic("PCC102", "error", f"unexpected character {ch!r}", span,
+                          hint="names are letters, digits, '_' and '-'; strings use double quotes")
+    if isinstance(exc, UnexpectedEOF):
+        return Diagnostic("PCC103", "error", "unexpected end of file", span,
+                          hint="expected " + ", ".join(_expected(set(exc.expected))) + " (is a '}' missing?)")
+    assert isinstance(exc, UnexpectedToken)
+    tok: Token = exc.token
+    expected = set(exc.expected)
+    if tok.type == "$END":
+        return Diagnostic("PCC103", "error", "unexpected end of file", span,
+                          hint="expected " + ", ".join(_expected(expected)) + " (is a '}' missing?)")
+    span = Span(file, tok.line, tok.column, tok.end_line, tok.end_column)
+    hint = did_you_mean(str(tok), _keywords(expected)) if tok.type == "IDENT" else None
+    if hint is None:
+        hint = "expected " + ", ".join(_expected(expected))
+    what = "keyword" if tok.type == "IDENT" else "token"
+    return Diagnostic("PCC101", "error", f"unexpected {what} '{tok}'", span, hint=hint)
+
+
+def parse_text(text: str, file: str = "<string>", start: str = "start") -> Tree:
+    """Parse one contract (or, with start="scheme_expr", one scheme expression).
+
+    Raises DiagnosticError with one positioned PCC1xx error.
+    """
+    try:
+        return _lark().parse(text, start=start)
+    except UnexpectedInput as exc:
+        raise DiagnosticError([_diagnose(exc, file, text)]) from None
+    except (LarkError, RecursionError) as exc:  # defensive: never a traceback
+        raise DiagnosticError([Diagnostic("PCC100", "error", f"cannot parse: {exc}", Span(file, 1, 1))]) from None
+
+
+def read_source(path: str) -> str:
+    """Read a contract file as UTF-8 text, refusing binary and oversized input."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise DiagnosticError([Diagnostic("PCC104", "error", f"cannot read file: {exc.strerror}",
+                                          file=path)]) from None
+    if len(data) > MAX_BYTES:
+        raise DiagnosticError([Diagnostic("PCC104", "error",
+                                          f"file is larger than {MAX_BYTES >> 10} KiB; not a contract",
+                                          Span(path, 1, 1))])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DiagnosticError([Diagnostic("PCC104", "error", "file is not UTF-8 text",
+                                          Span(path, line, col), hint="a contract is a text file")]) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise DiagnosticError([Diagnostic("PCC104", "error", "file contains NUL bytes; not a contract",
+                                          Span(path, line, 1))])
+    return text

@@ -1,0 +1,20 @@
+"""Find the top-level data folders (grammar/, targets/, schemas/, contracts/).
+
+In a source checkout they sit beside the package; an installed wheel carries
+them under ``pcc/_data/``. Everything that reads them goes through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """The folder ``name`` (e.g. "grammar"), from the wheel or the checkout."""
+    for root in (_PKG / "_data", _PKG.parent):
+        path = root / name
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(f"pcc data folder {name!r} not found (broken install?)")
