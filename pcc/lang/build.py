@@ -13,7 +13,7 @@ from typing import Any
 from lark import Token, Tree
 
 from pcc.lang.diagnostics import Reporter, Span, did_you_mean
-from pcc.lang.parser import parse_text
+from pcc.lang.parser import parse_comments, parse_text
 
 FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "nvfp4", "int4", "int8")
 SCALES = {"fp32": "fp32", "pow2": "pow2", "e8m0": "e8m0", "e4m3+fp32": "e4m3_fp32"}
@@ -360,9 +360,16 @@ class _Builder:
             items.append(item)
 
 
-def build(text: str, file: str, rep: Reporter) -> tuple[dict[str, Any], SourceMap]:
-    """Parse and build; syntax errors raise DiagnosticError, others go to `rep`."""
-    tree = parse_text(text, file)
+def build(text: str, file: str, rep: Reporter, comments: list | None = None) -> tuple[dict[str, Any], SourceMap]:
+    """Parse and build; syntax errors raise DiagnosticError, others go to `rep`.
+
+    When `comments` is a list, the source's comments are appended to it.
+    """
+    if comments is None:
+        tree = parse_text(text, file)
+    else:
+        tree, found = parse_comments(text, file)
+        comments.extend(found)
     b = _Builder(file, rep)
     return b.contract(tree), b.smap
 

@@ -28,11 +28,15 @@ _TERMINAL_NAMES = {
 }
 
 
+_COMMENTS: list[Token] = []  # filled by the lexer during one parse (see parse_comments)
+
+
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     grammar = (data_dir("grammar") / "prec.lark").read_text(encoding="utf-8")
     return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
-                maybe_placeholders=False, start=["start", "scheme_expr"])
+                maybe_placeholders=False, start=["start", "scheme_expr"],
+                lexer_callbacks={"COMMENT": _COMMENTS.append})
 
 
 def _expected(names: set[str]) -> list[str]:
@@ -97,6 +101,15 @@ def parse_text(text: str, file: str = "<string>", start: str = "start") -> Tree:
         raise DiagnosticError([_diagnose(exc, file, text)]) from None
     except (LarkError, RecursionError) as exc:  # defensive: never a traceback
         raise DiagnosticError([Diagnostic("PCC100", "error", f"cannot parse: {exc}", Span(file, 1, 1))]) from None
+
+
+def parse_comments(text: str, file: str = "<string>") -> tuple[Tree, list[Token]]:
+    """Parse, also returning the comments (for the formatter, which keeps them)."""
+    _COMMENTS.clear()
+    tree = parse_text(text, file)
+    comments = list(_COMMENTS)
+    _COMMENTS.clear()
+    return tree, comments
 
 
 def read_source(path: str) -> str:

@@ -1,0 +1,111 @@
+"""Named built-in catalogs: HF-style configs in ``configs/``, expanded to the
+tensor names a Hugging Face checkpoint of that config would hold."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from pcc.models.base import CatalogError, config_dtype, lm_config
+from pcc.models.catalog import Catalog, assemble
+
+_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+# Model types whose attention normalizes q and k per head (Qwen3 family).
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+_EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+@lru_cache(maxsize=None)
+def catalog_names() -> tuple[str, ...]:
+    """The built-in catalog names, sorted."""
+    return tuple(sorted(path.stem for path in _CONFIGS.glob("*.json")))
+
+
+@lru_cache(maxsize=None)
+def load_catalog(name: str) -> Catalog:
+    """The built-in catalog ``name`` (cached: build once per process)."""
+    if name not in catalog_names():
+        close = difflib.get_close_matches(name, catalog_names(), n=3)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise CatalogError(
+            f"unknown model catalog {name!r}{hint} (known: {', '.join(catalog_names())})")
+    config = json.loads((_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    return catalog_from_config(name, config)
+
+
+def catalog_from_config(name: str, config: dict) -> Catalog:
+    """The catalog of a model with this config, without any checkpoint."""
+    weights, extras = tensor_names(config)
+    dtype = config_dtype(config)
+    records = ((tensor, None, dtype, None) for tensor in weights)
+    return assemble(name, config, records, extras)
+
+
+def tensor_names(config: dict) -> tuple[list[str], list[str]]:
+    """(``*.weight`` names, other tensor names) of a HF checkpoint of ``config``,
+    without MTP/nextn layers."""
+    c = lm_config(config)
+    attention, attention_extras = _attention_modules(c)
+    weights = ["model.embed_tokens.weight"]
+    extras: list[str] = []
+    for layer in range(c["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        modules = ["input_layernorm", "post_attention_layernorm", *attention]
+        layer_extras = list(attention_extras)
+        if _is_moe_layer(c, layer):
+            modules.append("mlp.gate")
+            if c.get("topk_method") == "noaux_tc":
+                layer_extras.append("mlp.gate.e_score_correction_bias")
+            for expert in range(_num_experts(c)):
+                modules += [f"mlp.experts.{expert}.{proj}" for proj in _EXPERT_PROJECTIONS]
+            if c.get("n_shared_experts"):
+                modules += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+                            "mlp.shared_experts.down_proj"]
+        else:
+            modules += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+        weights += [f"{prefix}{module}.weight" for module in modules]
+        extras += [prefix + extra for extra in layer_extras]
+    weights.append("model.norm.weight")
+    if not c.get("tie_word_embeddings", False):
+        weights.append("lm_head.weight")
+    return weights, extras
+
+
+def _attention_modules(c: dict) -> tuple[list[str], list[str]]:
+    if c.get("kv_lora_rank") is None:
+        modules = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
+        if c.get("model_type") in _QK_NORM_TYPES:
+            modules += ["self_attn.q_norm", "self_attn.k_norm"]
+        return modules, []
+    if c.get("q_lora_rank") is None:
+        modules = ["self_attn.q_proj"]
+    else:
+        modules = ["self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj"]
+    modules += ["self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
+                "self_attn.o_proj"]
+    if "index_n_heads" not in c:
+        return modules, []
+    # DeepSeek sparse attention (GLM-5, DeepSeek-V3.2): the indexer's own projections.
+    modules += ["self_attn.indexer.wq_b", "self_attn.indexer.wk", "self_attn.indexer.k_norm",
+                "self_attn.indexer.weights_proj"]
+    return modules, ["self_attn.indexer.k_norm.bias"]
+
+
+def _num_experts(c: dict) -> int:
+    return c.get("n_routed_experts") or c.get("num_experts") or 0
+
+
+def _is_moe_layer(c: dict, layer: int) -> bool:
+    """DeepSeek rule (first_k_dense_replace, moe_layer_freq) and Qwen rule
+    (decoder_sparse_step, mlp_only_layers) at once: each family's config lacks
+    the other's fields, whose defaults then change nothing."""
+    return (
+        _num_experts(c) > 0
+        and layer >= c.get("first_k_dense_replace", 0)
+        and layer % c.get("moe_layer_freq", 1) == 0
+        and (layer + 1) % c.get("decoder_sparse_step", 1) == 0
+        and layer not in c.get("mlp_only_layers", ())
+    )

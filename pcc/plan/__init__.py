@@ -1,0 +1,65 @@
+"""Contract + model catalog -> Plan, with every check run. The one entry point below lang/contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pcc.contract.io import Loaded, load
+from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter
+from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, load_catalog
+from pcc.plan.checks import run_checks
+from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan, RuleRef, resolve
+
+__all__ = ["COMPONENTS", "DEFAULT", "Compiled", "Plan", "RuleRef", "compile_file", "load_model"]
+
+
+@dataclass
+class Compiled:
+    loaded: Loaded | None
+    plan: Plan | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.plan is not None and not any(d.is_error for d in self.diagnostics)
+
+
+def load_model(loaded: Loaded, rep: Reporter) -> Catalog | None:
+    ref = loaded.contract.model
+    where = loaded.smap.find("model")
+    if ref is None:
+        rep.error("PCC204", "no model declared", loaded.smap.find("name"),
+                  hint="add 'model NAME' (a catalog) or 'model from \"checkpoint/dir\"'")
+        return None
+    try:
+        if ref.catalog is not None:
+            return load_catalog(ref.catalog)
+        base = Path(loaded.path).parent
+        return catalog_from_checkpoint(str(base / ref.path))
+    except CatalogError as exc:
+        rep.error("PCC204", str(exc), where, path="model")
+        return None
+
+
+def compile_file(path: str, catalog: Catalog | None = None) -> Compiled:
+    """Load, resolve and check one contract file. Never raises for bad input."""
+    try:
+        loaded = load(path)
+    except DiagnosticError as exc:
+        return Compiled(None, None, exc.diagnostics, _sources(path))
+    rep = Reporter(list(loaded.diagnostics))
+    catalog = catalog or load_model(loaded, rep)
+    if catalog is None:
+        return Compiled(loaded, None, rep.diagnostics, loaded.sources)
+    plan = resolve(loaded.contract, catalog, loaded.smap, rep)
+    run_checks(plan, loaded.smap, rep)
+    return Compiled(loaded, plan, rep.diagnostics, loaded.sources)
+
+
+def _sources(path: str) -> dict[str, str]:
+    try:
+        return {path: Path(path).read_text(encoding="utf-8", errors="replace")}
+    except OSError:
+        return {}

@@ -1,0 +1,370 @@
+"""Checks over a resolved Plan: capability (PCC3xx), consistency (PCC4xx), expectations (PCC5xx).
+
+Each check is one small function registered in CHECKS; docs/checks.md has a
+bad example per code and tests/check_fixtures/ one failing contract per code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from pcc.contract.model import SchemeSpec
+from pcc.lang.build import SourceMap
+from pcc.lang.diagnostics import Reporter, did_you_mean
+from pcc.plan.capabilities import gemm_support, hardware_table, supported_on
+from pcc.plan.resolve import DEFAULT, Plan, RuleRef
+
+CHECKS: list[Callable[[Plan, SourceMap, Reporter], None]] = []
+LONG_ROLLOUT = 8192  # the seed: FP8 rollout + BF16 trainer drifts at 8K tokens, collapses at 16K
+SMALL_MODEL_PARAMS = 8e9  # below this, requantizing all weights per update can cost more than FP8 saves
+# Smallest same-version |dlogp| p99 bound that a wide trainer FProp against a quantized rollout
+# can plausibly meet (a tighter bound is the matched-FProp regime of Unified FP8).
+MISMATCH_FLOOR = {"fp8_e4m3": 0.05, "fp8_e5m2": 0.05, "mxfp8": 0.05, "int8": 0.05,
+                  "int4": 0.1, "mxfp4": 0.1, "nvfp4": 0.1}
+METRICS = {
+    "same_version": ("abs_dlogp p50", "abs_dlogp p90", "abs_dlogp p99", "abs_dlogp p999", "abs_dlogp mean",
+                     "abs_dlogp max", "kl"),
+    "baseline_drift": ("abs_dlogp p50", "abs_dlogp p90", "abs_dlogp p99", "abs_dlogp mean", "abs_dlogp max"),
+    "route_agreement": (None,),
+    "version_age": (None, "max", "mean"),
+    "trainer_rollout_kl": (None,),
+    "reference_kl": (None,),
+    "clip_fraction": (None,),
+}
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def used(plan: Plan, component: str) -> Iterator[tuple[RuleRef, SchemeSpec, list[int]]]:
+    """(rule, scheme, operators) for every rule that owns operators in `component`."""
+    for rid, idx in plan.groups[component]:
+        if rid != DEFAULT:
+            ref = plan.rules[rid]
+            yield ref, plan.schemes[ref.rule.scheme], idx
+
+
+def _names(plan: Plan, idx: list[int], n: int = 3) -> str:
+    ops = plan.catalog.operators
+    shown = ", ".join(ops[i].tensor for i in idx[:n])
+    return shown + (f" (+{len(idx) - n} more)" if len(idx) > n else "")
+
+
+def hardware_of(plan: Plan, section: str) -> str | None:
+    return getattr(plan.contract, section).hardware or plan.contract.hardware
+
+
+def trainer_fp_formats(plan: Plan) -> set[str]:
+    return {s.format for comp in ("fprop", "dgrad", "wgrad") for r, s, _ in used(plan, comp)
+            if r.gemm(s) == "real"}
+
+
+@check
+def hardware_known(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    table = hardware_table()
+    for section in ("rollout", "trainer"):
+        hw = hardware_of(plan, section)
+        path = f"{section}.hardware" if getattr(plan.contract, section).hardware else "hardware"
+        if hw is None:
+            if section == "rollout":
+                rep.error("PCC207", "no hardware declared", smap.find("name"),
+                          hint="add e.g. 'hardware H100' (or 'hardware cpu' for the embedded runtime)")
+            continue
+        if hw not in table:
+            rep.error("PCC207", f"unknown hardware '{hw}'", smap.find(path), path=path,
+                      hint=did_you_mean(hw, table) or "known: " + ", ".join(table))
+
+
+@check
+def gemm_capability(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC301: a real low-precision GEMM the declared hardware has no path for."""
+    table = hardware_table()
+    for comp in ("rollout", "fprop", "dgrad", "wgrad"):
+        for ref, spec, idx in used(plan, comp):
+            hw = hardware_of(plan, ref.section)
+            if hw not in table or ref.gemm(spec) != "real":
+                continue
+            if spec.format in ("fp8_e4m3", "fp8_e5m2") and spec.weights and spec.weights.kind == "block" \
+                    and table[hw].get("no_block_fp8"):
+                rep.error("PCC301", f"block-scaled FP8 is not supported on {hw}", smap.find(ref.path), path=ref.path,
+                          hint="the engines list block FP8 for Hopper, B200 and newer, MI350X and MI355X")
+                continue
+            if gemm_support(hw, spec.format, weight_only=spec.activations is None) == "none":
+                where = ", ".join(supported_on(spec.format)) or "no listed hardware"
+                rep.error("PCC301", f"{spec.format} has no real GEMM path on {hw} ({table[hw]['arch']}) "
+                          f"for {comp}", smap.find(ref.path), path=ref.path,
+                          hint=f"{spec.format} runs natively on {where}; or use 'qdq' to emulate it")
+
+
+_GROUP_RULES = {"mxfp8": ("group", 32, "e8m0"), "mxfp4": ("group", 32, "e8m0"), "nvfp4": ("group", 16, "e4m3_fp32")}
+
+
+@check
+def scheme_grouping(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC302: a scale grouping or scale dtype the format does not define."""
+    for name, spec in plan.contract.schemes.items():
+        where = smap.find(f"schemes.{name}")
+        roles = {r: getattr(spec, r) for r in ("weights", "activations", "gradients") if getattr(spec, r)}
+        want = _GROUP_RULES.get(spec.format)
+        if want:
+            kind, size, scale = want
+            bad = [r for r, g in roles.items() if g.kind != kind or g.size != size]
+            if bad or spec.scale != scale:
+                rep.error("PCC302", f"{spec.format} scales groups of {size} with {scale.replace('_', '+')} scales",
+                          where, path=f"schemes.{name}",
+                          hint=f"write '{spec.format}' alone, or 'group {size} scale {scale.replace('_', '+')}'")
+        elif spec.format.startswith("fp8") and spec.scale not in ("fp32", "pow2", "e8m0"):
+            rep.error("PCC302", "FP8 scales are fp32, pow2 or e8m0", where, path=f"schemes.{name}")
+        elif spec.format == "int4" and any(g.kind not in ("group", "row") for g in roles.values()):
+            rep.error("PCC302", "INT4 weights are scaled per group or per row", where, path=f"schemes.{name}")
+        if "weights" in roles and roles["weights"].kind == "token":
+            rep.error("PCC302", "'token' grouping is for activations; weights use row, block or group", where,
+                      path=f"schemes.{name}")
+        fp4 = spec.format in ("mxfp4", "nvfp4")
+        if spec.packing == "e2m1x2" and not fp4 or spec.packing == "int32x8" and spec.format != "int4":
+            rep.error("PCC302", f"packing '{spec.packing}' does not apply to {spec.format}", where,
+                      path=f"schemes.{name}")
+
+
+@check
+def tiling(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC205: shapes a scheme cannot tile. Groups along K must divide it (error); 2-D
+    blocks and tiles are padded by the engines (warning, with the tensors)."""
+    ops = plan.catalog.operators
+    for comp in ("rollout", "fprop"):
+        for ref, spec, idx in used(plan, comp):
+            by_shape: dict[tuple, list[int]] = {}
+            for i in idx:
+                if len(ops[i].shape) == 2 and ops[i].family not in ("kv_cache", "embed", "norm"):
+                    by_shape.setdefault(ops[i].shape, []).append(i)
+            g = spec.weights
+            if g is None:
+                continue
+            for (n, k), members in by_shape.items():
+                if g.kind == "group" and k % g.size:
+                    rep.error("PCC205", f"{spec.format} groups of {g.size} do not divide K={k} of {len(members)} "
+                              f"tensor(s): {_names(plan, members)}", smap.find(ref.path), path=ref.path,
+                              hint="keep these tensors wide, or pick a group size that divides K")
+                elif g.kind == "block" and (n % g.rows or k % g.cols):
+                    rep.warning("PCC205", f"shape [{n}, {k}] is not a multiple of the {g.rows}x{g.cols} block; "
+                                f"the edge blocks are padded in {len(members)} tensor(s): {_names(plan, members)}",
+                                smap.find(ref.path), path=ref.path)
+
+
+@check
+def sglang_mxfp4_scope(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC307: SGLang's MXFP4 path quantizes routed experts only."""
+    ops = plan.catalog.operators
+    for ref, spec, idx in used(plan, "rollout"):
+        if spec.format == "mxfp4":
+            bad = [i for i in idx if not ops[i].family.startswith("experts.")]
+            if bad:
+                rep.error("PCC307", f"SGLang runs MXFP4 for routed experts only, not {_names(plan, bad)}",
+                          smap.find(ref.path), path=ref.path, hint="restrict the rule to 'experts.*'")
+
+
+@check
+def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    t = plan.contract.trainer
+    real = trainer_fp_formats(plan)
+    if real and (t.engine == "fsdp" or t.impl == "local"):
+        where = "the FSDP trainer" if t.engine == "fsdp" else "'impl local'"
+        rep.error("PCC303", f"real {', '.join(sorted(real))} trainer GEMMs need Transformer Engine; {where} has none",
+                  smap.find("trainer"), path="trainer",
+                  hint="use 'trainer megatron' with 'impl transformer_engine', or 'qdq' GEMMs")
+    opt = t.optimizer
+    if t.param_gather != "bf16" and not opt.distributed:
+        rep.error("PCC304", f"'param_gather {t.param_gather}' needs the distributed optimizer",
+                  smap.find("trainer.param_gather"), path="trainer.param_gather",
+                  hint="write 'optimizer adam distributed'")
+    recipe = fp8_recipe(plan)
+    if t.param_gather == "fp8" and opt.offload and recipe != "delayed":
+        rep.error("PCC305", f"FP8 parameter all-gather with CPU optimizer offload needs delayed scaling, "
+                  f"not '{recipe}'", smap.find("trainer.optimizer"), path="trainer.optimizer")
+    if opt.offload and not opt.precision_aware:
+        rep.error("PCC309", "CPU optimizer offload needs the precision-aware optimizer",
+                  smap.find("trainer.optimizer"), path="trainer.optimizer", hint="add 'precision_aware'")
+    if not opt.precision_aware and (t.master, t.moments) != ("fp32", "fp32"):
+        rep.error("PCC308", "master weights and moments below fp32 need the precision-aware optimizer",
+                  smap.find("trainer.moments") or smap.find("trainer.master"), path="trainer",
+                  hint="add 'precision_aware' to the optimizer (Adam, distributed)")
+    if opt.precision_aware and (opt.kind != "adam" or not opt.distributed):
+        rep.error("PCC308", "the precision-aware optimizer is Adam-only and needs the distributed optimizer",
+                  smap.find("trainer.optimizer"), path="trainer.optimizer")
+    if t.master == "bf16":
+        rep.error("PCC308", "master weights cannot be bf16 (fp32, or fp16 with the precision-aware optimizer)",
+                  smap.find("trainer.master"), path="trainer.master")
+    if recipe == "delayed" and _first_last_wide(plan):
+        rep.error("PCC306", "delayed scaling does not support BF16 first/last layers",
+                  smap.find("trainer"), path="trainer", hint="use current scaling (tensorwise) or blockwise")
+
+
+def fp8_recipe(plan: Plan) -> str | None:
+    """The Transformer Engine recipe the trainer's real FP8 GEMMs imply."""
+    for comp in ("fprop", "dgrad", "wgrad"):
+        for ref, spec, _ in used(plan, comp):
+            if ref.gemm(spec) != "real":
+                continue
+            if spec.format == "mxfp8":
+                return "mxfp8"
+            if spec.format.startswith("fp8"):
+                if spec.amax == "delayed":
+                    return "delayed"
+                return "blockwise" if spec.weights and spec.weights.kind == "block" else "tensorwise"
+    return None
+
+
+def _first_last_wide(plan: Plan) -> bool:
+    from pcc.plan.patterns import parse_pattern
+
+    for ref in plan.rules:
+        if ref.section == "trainer" and plan.schemes.get(ref.rule.scheme, None) is not None \
+                and plan.schemes[ref.rule.scheme].wide:
+            if any(parse_pattern(p).layers for p in ref.rule.patterns):
+                return True
+    return False
+
+
+@check
+def trainable_and_sync(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    c = plan.contract
+    if c.trainable.kind == "lora" and c.sync.moves == "full_weights":
+        rep.error("PCC401", "a LoRA trainable set with full-weight sync rebuilds the whole frozen base every update",
+                  smap.find("sync.moves") or smap.find("sync"), path="sync.moves", hint="write 'sync adapter'")
+    if c.trainable.kind != "lora" and c.sync.moves == "adapter":
+        rep.error("PCC402", f"'sync adapter' but the trainable set is '{c.trainable.kind}': the base trains, "
+                  "yet rollout keeps its frozen base", smap.find("sync.moves") or smap.find("sync"),
+                  path="sync.moves", hint="train a LoRA adapter ('trainable lora ...') or sync full_weights")
+    if c.sync.schedule == "async" and c.sync.max_staleness == 0:
+        rep.error("PCC406", "an async schedule with max_staleness 0 is synchronous",
+                  smap.find("sync.max_staleness") or smap.find("sync"), path="sync.max_staleness",
+                  hint="bound the staleness (e.g. max_staleness 2), or use 'schedule colocated'")
+    if c.sync.schedule == "colocated" and c.sync.max_staleness > 0:
+        rep.warning("PCC411", "a colocated schedule alternates rollout and training; max_staleness is unused",
+                    smap.find("sync.max_staleness"), path="sync.max_staleness")
+    if c.sync.transfer in ("p2p", "disk") and (c.sync.schedule == "colocated" or c.trainable.kind == "lora"):
+        rep.error("PCC412", f"'{c.sync.transfer}' transfer works neither colocated nor with LoRA",
+                  smap.find("sync.transfer"), path="sync.transfer", hint="use 'transfer broadcast'")
+
+
+@check
+def qat_group(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC403: rollout INT4 group size differs from the trainer's QAT group size."""
+    ops = plan.catalog.operators
+    roll, fprop = plan.owner["rollout"], plan.owner["fprop"]
+    seen: set[tuple[int, int]] = set()
+    for i in range(len(ops)):
+        r, f = roll[i], fprop[i]
+        if r == DEFAULT or f == DEFAULT or (r, f) in seen:
+            continue
+        seen.add((r, f))
+        rs, fs = plan.schemes[plan.rules[r].rule.scheme], plan.schemes[plan.rules[f].rule.scheme]
+        if rs.format == fs.format == "int4" and rs.weights and fs.weights and rs.weights != fs.weights:
+            rep.error("PCC403", f"rollout INT4 uses {rs.weights.text()} but trainer QAT uses {fs.weights.text()} "
+                      f"(e.g. {ops[i].tensor})", smap.find(plan.rules[f].path), path=plan.rules[f].path,
+                      hint="use one scheme on both sides")
+
+
+@check
+def corrections(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    c = plan.contract
+    if c.correction.kind != "none" and "logprobs" not in c.rollout.record:
+        rep.error("PCC404", f"'correction {c.correction.kind}' needs the rollout log-probs, which rollout does "
+                  "not record", smap.find("rollout.record") or smap.find("correction"), path="rollout.record",
+                  hint="add 'logprobs' to the rollout 'record' list")
+    moe = plan.catalog.is_moe
+    if c.routing_replay != "none" and not moe:
+        rep.error("PCC410", f"routing replay on '{plan.catalog.name}', a dense model", smap.find("routing_replay"),
+                  path="routing_replay", hint="remove 'routing replay'")
+    if moe and plan.quantized("rollout") and c.routing_replay == "none":
+        rep.warning("PCC405", "MoE model with a quantized rollout and no routing replay: rounding can change "
+                    "expert choices", smap.find("rollout"), path="rollout", hint="add 'routing replay rollout' (R3)")
+
+
+def _rollout_formats(plan: Plan) -> set[str]:
+    return {s.format for _, s, _ in used(plan, "rollout") if not s.wide}
+
+
+def _fprop_matches_rollout(plan: Plan) -> bool:
+    return any(not s.wide for _, s, _ in used(plan, "fprop"))
+
+
+@check
+def mismatch_regime(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    c = plan.contract
+    fp8_roll = {f for f in _rollout_formats(plan) if f.startswith("fp8")}
+    if fp8_roll and not _fprop_matches_rollout(plan) and (c.rollout.max_tokens or 0) >= LONG_ROLLOUT:
+        rep.warning("PCC407", f"FP8 rollout with a BF16 trainer at {c.rollout.max_tokens} tokens: reported to "
+                    "drift from 8K tokens and collapse at 16K", smap.find("rollout.max_tokens"),
+                    path="rollout.max_tokens", hint="quantize trainer FProp to match rollout (Unified FP8), or "
+                    "shorten rollouts")
+    if c.trainer.engine == "fsdp" and _rollout_formats(plan):
+        rep.error("PCC408", "an FSDP trainer loads its weights from the rollout checkpoint: with a quantized "
+                  "rollout both sides would load the quantized weights", smap.find("trainer"), path="trainer",
+                  hint="use 'trainer megatron' (it loads the BF16 weights separately)")
+    if c.sync.moves == "full_weights" and _rollout_formats(plan) and c.sync.interval == 1:
+        params = sum(_numel(op.shape) for op in plan.catalog.operators if op.family != "kv_cache")
+        if params < SMALL_MODEL_PARAMS:
+            rep.warning("PCC409", f"full-weight requantization after every update on a {params / 1e9:.1f}B model: "
+                        "the quantization cost can exceed what the low-precision rollout saves",
+                        smap.find("sync"), path="sync", hint="measure it (pcc validate level 9), or sync less often")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@check
+def placement(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    cat = plan.catalog
+    for section in ("rollout", "trainer"):
+        par = getattr(plan.contract, section).parallel
+        heads = cat.num_attention_heads
+        if heads and heads % par.tp:
+            rep.error("PCC413", f"{section} tp {par.tp} does not divide the {heads} attention heads",
+                      smap.find(f"{section}.parallel.tp"), path=f"{section}.parallel.tp")
+        if par.ep > 1 and (not cat.is_moe or cat.num_experts % par.ep):
+            what = f"the {cat.num_experts} routed experts" if cat.is_moe else "a dense model"
+            rep.error("PCC413", f"{section} ep {par.ep} does not divide {what}",
+                      smap.find(f"{section}.parallel.ep"), path=f"{section}.parallel.ep")
+
+
+@check
+def expectations(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    c = plan.contract
+    for k, e in enumerate(c.expect):
+        where = smap.find(f"expect[{k}]")
+        if e.metric not in METRICS:
+            rep.error("PCC501", f"unknown metric '{e.metric}'", where, path=f"expect[{k}]",
+                      hint=did_you_mean(e.metric, METRICS) or "metrics: " + ", ".join(METRICS))
+            continue
+        if e.stat not in METRICS[e.metric]:
+            stats = [s for s in METRICS[e.metric] if s]
+            rep.error("PCC501", f"'{e.metric}' has no statistic '{e.stat}'", where, path=f"expect[{k}]",
+                      hint=("statistics: " + ", ".join(stats)) if stats else "this metric takes no statistic")
+            continue
+        if e.metric == "route_agreement" and not plan.catalog.is_moe:
+            rep.error("PCC504", "route agreement on a dense model", where, path=f"expect[{k}]")
+        if e.metric == "version_age" and e.op in ("<=", "<") and c.sync.schedule == "async":
+            limit = e.value if e.op == "<=" else e.value - 1
+            if limit < c.sync.max_staleness:
+                rep.error("PCC503", f"expects version age {e.op} {e.value:g} but the contract allows staleness "
+                          f"{c.sync.max_staleness}", where, path=f"expect[{k}]")
+        if e.metric == "same_version" and e.stat and e.stat.startswith("abs_dlogp p99") and e.op in ("<=", "<") \
+                and not _fprop_matches_rollout(plan):
+            floors = [MISMATCH_FLOOR[f] for f in _rollout_formats(plan) if f in MISMATCH_FLOOR]
+            if floors and e.value < max(floors):
+                rep.error("PCC502", f"same-version p99 bound {e.value:g} is the matched-FProp regime; a wide "
+                          f"trainer FProp against a {', '.join(sorted(_rollout_formats(plan)))} rollout is not "
+                          f"expected below {max(floors):g}", where, path=f"expect[{k}]",
+                          hint="quantize trainer FProp like rollout (QDQ or real), or loosen the bound")
+
+
+def run_checks(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    for fn in CHECKS:
+        fn(plan, smap, rep)

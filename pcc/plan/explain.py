@@ -1,0 +1,184 @@
+"""`pcc explain`: the seed's component trace (Table 4), operator coverage, and every
+representation of one weight version with its bytes at the model's shapes."""
+
+from __future__ import annotations
+
+from math import ceil
+
+from pcc.contract.model import Grouping, SchemeSpec
+from pcc.plan.checks import fp8_recipe, used
+from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan
+
+ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "mxfp8": 8,
+                "int8": 8, "mxfp4": 4, "nvfp4": 4, "int4": 4}
+SCALE_BYTES = {"fp32": 4, "pow2": 4, "e8m0": 1, "e4m3_fp32": 1}
+LABEL = {"rollout": "Rollout", "fprop": "FProp", "dgrad": "DGrad", "wgrad": "WGrad"}
+
+
+def _groups(g: Grouping | None, n: int, k: int) -> int:
+    if g is None:
+        return 0
+    if g.kind == "tensor":
+        return 1
+    if g.kind in ("row", "token"):
+        return n
+    if g.kind == "block":
+        return ceil(n / g.rows) * ceil(k / g.cols)
+    if g.kind == "tile":
+        return n * ceil(k / g.cols)
+    return n * ceil(k / g.size)
+
+
+def weight_bytes(spec: SchemeSpec, shape: tuple[int, ...]) -> int:
+    """Bytes of one weight stored in `spec`: codes + scales (+ the NVFP4 outer scale)."""
+    n, k = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
+    numel = n * k
+    codes = numel * ELEMENT_BITS[spec.format] // 8
+    if spec.wide or spec.weights is None:
+        return codes
+    extra = 4 if spec.scale == "e4m3_fp32" else 0
+    zero = _groups(spec.weights, n, k) if not spec.symmetric else 0
+    return codes + _groups(spec.weights, n, k) * SCALE_BYTES[spec.scale or "fp32"] + extra + zero
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def explain(plan: Plan) -> dict:
+    c, cat = plan.contract, plan.catalog
+    ops = cat.operators
+    weights = [i for i, op in enumerate(ops) if op.family != "kv_cache"]
+    trace = {}
+    for comp in COMPONENTS:
+        parts = []
+        for rid, idx in plan.groups[comp]:
+            idx = [i for i in idx if ops[i].family != "kv_cache"]
+            if not idx:
+                continue
+            name = plan.scheme_name(comp, idx[0])
+            spec = plan.schemes[name]
+            mode = "wide" if spec.wide else (plan.rules[rid].gemm(spec) if rid != DEFAULT else "real")
+            if comp == "wgrad" and c.trainable.kind != "all":
+                continue
+            parts.append({"scheme": name, "gemm": mode, "operators": len(idx),
+                          "rule": plan.rules[rid].path if rid != DEFAULT else None})
+        trace[comp] = parts
+    trainable = c.trainable
+    adapter = trainable.kind == "lora"
+    if adapter:
+        trace["wgrad"] = [{"scheme": "bf16", "gemm": "wide", "operators": len(plan.trainable),
+                           "rule": "trainable", "note": "adapter tensors only"}]
+    if trainable.kind == "none":
+        trace["wgrad"] = []
+    trace["optimizer"] = {"master": c.trainer.master, "moments": c.trainer.moments, "params": c.trainer.params,
+                          "state_for": "adapter" if adapter else trainable.kind}
+    trace["sync"] = {"moves": c.sync.moves, "schedule": c.sync.schedule, "max_staleness": c.sync.max_staleness,
+                     "bridge": c.sync.bridge, "activation": c.sync.activation,
+                     "rebuild": "adapter only; rollout base unchanged" if c.sync.moves == "adapter"
+                     else "quantize, pack and install every rollout tensor" if plan.quantized("rollout")
+                     else "transfer weights as they are"}
+    coverage = _coverage(plan)
+    return {"contract": c.name, "model": cat.name, "operators": len(ops), "fp8_recipe": fp8_recipe(plan),
+            "trace": trace, "coverage": coverage, "representations": _representations(plan, weights)}
+
+
+def _coverage(plan: Plan) -> list[dict]:
+    ops = plan.catalog.operators
+    rows: dict[tuple, dict] = {}
+    for i, op in enumerate(ops):
+        key = (op.family,) + tuple(plan.scheme_name(comp, i) for comp in COMPONENTS)
+        row = rows.get(key)
+        if row is None:
+            rules = {}
+            for comp in COMPONENTS:
+                rid = plan.owner[comp][i]
+                rules[comp] = plan.rules[rid].path if rid != DEFAULT else "default"
+            row = rows[key] = {"family": op.family, "tensors": 0, "schemes": dict(zip(COMPONENTS, key[1:])),
+                               "rules": rules, "example": op.tensor}
+        row["tensors"] += 1
+    return list(rows.values())
+
+
+def _representations(plan: Plan, weights: list[int]) -> list[dict]:
+    c, ops = plan.contract, plan.catalog.operators
+    params = sum(_numel(ops[i].shape) for i in weights)
+    trainable = plan.trainable
+    lora = c.trainable.kind == "lora"
+    if lora:
+        r = c.trainable.rank or 0
+        train_params = sum(r * (ops[i].shape[0] + ops[i].shape[1]) for i in trainable if len(ops[i].shape) == 2)
+    else:
+        train_params = sum(_numel(ops[i].shape) for i in trainable)
+    bits = ELEMENT_BITS
+    reps = [
+        {"name": "optimizer master", "dtype": c.trainer.master, "bytes": train_params * bits[c.trainer.master] // 8,
+         "of": "adapter" if lora else "trainable weights"},
+        {"name": "optimizer moments (2)", "dtype": c.trainer.moments,
+         "bytes": 2 * train_params * bits[c.trainer.moments] // 8},
+        {"name": "trainer parameter", "dtype": c.trainer.params, "bytes": params * bits[c.trainer.params] // 8,
+         "of": "all weights" + (" (frozen base)" if lora else "")},
+    ]
+    gemm_bytes = 0
+    real_ops = 0
+    for ref, spec, idx in used(plan, "fprop"):
+        if ref.gemm(spec) == "real":
+            for i in idx:
+                if ops[i].family != "kv_cache":
+                    gemm_bytes += 2 * weight_bytes(spec, ops[i].shape)  # rowwise + columnwise copies
+                    real_ops += 1
+    if real_ops:
+        reps.append({"name": "GEMM weight operands (rowwise + columnwise)", "dtype": "per FProp scheme",
+                     "bytes": gemm_bytes, "of": f"{real_ops} operators with real low-precision GEMMs"})
+    roll = sum(weight_bytes(plan.scheme("rollout", i), ops[i].shape) for i in weights)
+    if lora:
+        wire = train_params * 2
+        reps.append({"name": "sync payload per version", "dtype": "bf16", "bytes": wire, "of": "adapter only"})
+    else:
+        wire = params * bits.get(c.sync.bridge, 16) // 8 if c.sync.bridge != "packed" else roll
+        reps.append({"name": "sync payload per version", "dtype": c.sync.bridge, "bytes": wire, "of": "all weights"})
+    reps.append({"name": "rollout weights (packed)", "dtype": "per rollout scheme", "bytes": roll,
+                 "of": "all weights" + (" + adapter" if lora else "")})
+    if c.trainer.param_gather != "bf16":
+        reps.append({"name": "parameter all-gather", "dtype": c.trainer.param_gather,
+                     "bytes": params * bits[c.trainer.param_gather] // 8})
+    return reps
+
+
+def _gib(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def render(info: dict) -> str:
+    out = [f"contract {info['contract']}  model {info['model']}  ({info['operators']} operators)", "",
+           "Component trace (seed Table 4)"]
+    for comp in COMPONENTS:
+        parts = info["trace"][comp]
+        text = "; ".join(f"{p['scheme']} {p['gemm']} x{p['operators']}" + (f" [{p['rule']}]" if p["rule"] else "")
+                         for p in parts) or "none (nothing trains)"
+        out.append(f"  {LABEL[comp]:<10} {text}")
+    o = info["trace"]["optimizer"]
+    out.append(f"  {'Optimizer':<10} master {o['master']}, moments {o['moments']}, params {o['params']} "
+               f"(state for: {o['state_for']})")
+    s = info["trace"]["sync"]
+    out.append(f"  {'Sync':<10} {s['moves']}, {s['schedule']}, max staleness {s['max_staleness']}, bridge "
+               f"{s['bridge']}, activation {s['activation']}: {s['rebuild']}")
+    if info["fp8_recipe"]:
+        out.append(f"  (Transformer Engine recipe: {info['fp8_recipe']})")
+    out += ["", "Operator coverage",
+            f"  {'family':<22} {'tensors':>7}  {'rollout':<12} {'fprop':<12} {'dgrad':<12} {'wgrad':<12} rule(s)"]
+    for row in info["coverage"]:
+        s = row["schemes"]
+        rules = sorted({r for r in row["rules"].values() if r != "default"}) or ["default"]
+        out.append(f"  {row['family']:<22} {row['tensors']:>7}  {s['rollout']:<12} {s['fprop']:<12} "
+                   f"{s['dgrad']:<12} {s['wgrad']:<12} {', '.join(rules)}")
+    out += ["", "One weight version, every representation at once"]
+    for r in info["representations"]:
+        out.append(f"  {r['name']:<44} {r['dtype']:<18} {_gib(r['bytes']):>12}" + (f"  ({r['of']})" if r.get("of") else ""))
+    return "\n".join(out)

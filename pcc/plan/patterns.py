@@ -1,0 +1,86 @@
+"""Operator patterns: family globs and aliases, tensor-name globs, layer ranges.
+
+Canonical text (the same in .prec and JSON): ``experts.*``, ``linear[0,-1]``,
+``attn.q[3..60]``, ``name:model.visual.*``. A glob never selects the families
+that are not GEMMs (norm, embed, kv_cache, other); naming one selects it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pcc.models import FAMILIES
+
+LINEAR = ("attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "experts.gate_up", "experts.down",
+          "shared_experts.gate_up", "shared_experts.down")
+NON_GEMM = ("norm", "embed", "kv_cache", "other")
+ALIASES: dict[str, tuple[str, ...]] = {
+    "linear": LINEAR,
+    "attn": ("attn.q", "attn.kv", "attn.o"),
+    "mlp": ("mlp.gate_up", "mlp.down"),
+    "experts": ("experts.gate_up", "experts.down"),
+    "shared_experts": ("shared_experts.gate_up", "shared_experts.down"),
+    "all": tuple(f for f in FAMILIES if f not in NON_GEMM),
+}
+VOCABULARY = tuple(FAMILIES) + tuple(ALIASES)
+_LAYERS = re.compile(r"^(?P<head>.*?)\[(?P<ranges>-?\d+(?:\.\.-?\d+)?(?:,-?\d+(?:\.\.-?\d+)?)*)\]$")
+
+
+@dataclass(frozen=True)
+class Pattern:
+    text: str
+    families: tuple[str, ...]  # empty for a name glob
+    name_regex: re.Pattern | None
+    layers: tuple[tuple[int, int], ...] | None  # inclusive ranges, may be negative
+
+    def layer_set(self, num_layers: int) -> frozenset[int] | None:
+        if self.layers is None:
+            return None
+        out = set()
+        for lo, hi in self.layers:
+            lo, hi = (lo + num_layers if lo < 0 else lo), (hi + num_layers if hi < 0 else hi)
+            out.update(range(max(lo, 0), min(hi, num_layers - 1) + 1))
+        return frozenset(out)
+
+
+class PatternError(ValueError):
+    """A pattern that is malformed or names nothing known; the message has the hint."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+@lru_cache(maxsize=4096)
+def parse_pattern(text: str) -> Pattern:
+    layers = None
+    head = text
+    m = _LAYERS.match(text)
+    if m:
+        head = m["head"]
+        layers = []
+        for part in m["ranges"].split(","):
+            lo, _, hi = part.partition("..")
+            layers.append((int(lo), int(hi or lo)))
+        layers = tuple(layers)
+    elif "[" in text:
+        raise PatternError(f"malformed layer range in '{text}'", "write e.g. experts.*[3..60] or linear[0,-1]")
+    if head.startswith("name:"):
+        glob = head[5:]
+        if not glob:
+            raise PatternError("empty tensor-name glob")
+        return Pattern(text, (), re.compile(fnmatch.translate(glob)), layers)
+    if head in ALIASES:
+        return Pattern(text, ALIASES[head], None, layers)
+    if any(ch in head for ch in "*?["):
+        fams = tuple(f for f in FAMILIES if f not in NON_GEMM and fnmatch.fnmatchcase(f, head))
+        return Pattern(text, fams, None, layers)
+    if head in FAMILIES:
+        return Pattern(text, (head,), None, layers)
+    from pcc.lang.diagnostics import did_you_mean
+
+    raise PatternError(f"unknown operator family '{head}'",
+                       did_you_mean(head, VOCABULARY) or "families: " + ", ".join(VOCABULARY))

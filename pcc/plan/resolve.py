@@ -1,0 +1,227 @@
+"""Resolution: every operator x component gets exactly one scheme and the rule that chose it.
+
+Precedence (docs/language.md): `keep` rules beat pattern rules; within each
+kind the later rule wins. Operators no rule matches stay at the default,
+"bf16". Resolution works on (family, layer) groups, so its cost grows with the
+number of groups and rules, plus one linear pass over operators at the end;
+tensor-name globs, the only per-tensor patterns, refine groups where used.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from pcc.contract.model import Contract, Rule, SchemeSpec
+from pcc.contract.presets import lookup
+from pcc.lang.build import SourceMap
+from pcc.lang.diagnostics import Reporter, did_you_mean
+from pcc.models import Catalog
+from pcc.plan.patterns import NON_GEMM, Pattern, PatternError, parse_pattern
+
+COMPONENTS = ("rollout", "fprop", "dgrad", "wgrad")
+DEFAULT = -1  # owner id of operators no rule matched
+DEFAULT_SCHEME = "bf16"
+
+
+@dataclass(frozen=True)
+class RuleRef:
+    id: int
+    section: str  # "rollout" | "trainer"
+    rule: Rule
+    path: str  # where it sits in the canonical contract, e.g. "rollout.rules[2]"
+
+    def gemm(self, scheme: SchemeSpec) -> str:
+        """What reaches the GEMM: stated, else real on rollout and for trainer formats with a
+        trainer GEMM, QDQ (fake quantization) for INT4 in the trainer."""
+        if scheme.wide:
+            return "wide"
+        if self.rule.gemm:
+            return self.rule.gemm
+        return "qdq" if self.section == "trainer" and scheme.format in ("int4", "int8") else "real"
+
+
+@dataclass
+class Plan:
+    contract: Contract
+    catalog: Catalog
+    rules: list[RuleRef]
+    schemes: dict[str, SchemeSpec]
+    owner: dict[str, list[int]]  # component -> rule id per operator (DEFAULT: no rule)
+    trainable: list[int] = field(default_factory=list)  # operators that train (base or adapter)
+
+    def scheme_name(self, component: str, op: int) -> str:
+        rid = self.owner[component][op]
+        return DEFAULT_SCHEME if rid == DEFAULT else self.rules[rid].rule.scheme
+
+    def scheme(self, component: str, op: int) -> SchemeSpec:
+        return self.schemes[self.scheme_name(component, op)]
+
+    @cached_property
+    def groups(self) -> dict[str, list[tuple[int, list[int]]]]:
+        """component -> [(rule id, operator indices)], rules in source order, default first."""
+        out = {}
+        for comp, owner in self.owner.items():
+            by_rule: dict[int, list[int]] = defaultdict(list)
+            for i, rid in enumerate(owner):
+                by_rule[rid].append(i)
+            out[comp] = sorted(by_rule.items())
+        return out
+
+    def tensors(self, component: str, scheme: str) -> list[str]:
+        """Explicit tensor names that get `scheme` in `component` (no regex to re-match)."""
+        ops = self.catalog.operators
+        return [ops[i].tensor for i, _ in enumerate(ops) if self.scheme_name(component, i) == scheme]
+
+    def quantized(self, component: str) -> bool:
+        return any(not self.schemes[self.scheme_name(component, i)].wide
+                   for rid, idx in self.groups[component] for i in idx[:1])
+
+
+def _groups(catalog: Catalog) -> tuple[dict[tuple[str, int | None], list[int]], int]:
+    groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    for i, op in enumerate(catalog.operators):
+        groups[(op.family, op.layer)].append(i)
+    return groups, catalog.num_layers
+
+
+def _applies(component: str, family: str) -> bool:
+    return not (family == "kv_cache" and component != "rollout")
+
+
+def resolve(contract: Contract, catalog: Catalog, smap: SourceMap, rep: Reporter) -> Plan:
+    """Resolve `contract` against `catalog`; problems go to `rep` (PCC2xx)."""
+    refs: list[RuleRef] = []
+    for section in ("rollout", "trainer"):
+        for k, rule in enumerate(getattr(contract, section).rules):
+            refs.append(RuleRef(len(refs), section, rule, f"{section}.rules[{k}]"))
+    schemes: dict[str, SchemeSpec] = {DEFAULT_SCHEME: lookup({}, DEFAULT_SCHEME)}
+    for ref in refs:
+        spec = lookup(contract.schemes, ref.rule.scheme)
+        if spec is None:
+            from pcc.contract.presets import PRESETS
+
+            rep.error("PCC202", f"unknown scheme '{ref.rule.scheme}'", smap.find(ref.path + ".scheme"),
+                      hint=did_you_mean(ref.rule.scheme, list(contract.schemes) + list(PRESETS))
+                      or "define it with 'scheme NAME = FORMAT ...'", path=ref.path)
+        else:
+            schemes[ref.rule.scheme] = spec
+
+    groups, num_layers = _groups(catalog)
+    ops = catalog.operators
+    # Precedence order: pattern rules in order, then keep rules in order.
+    ordered = [r for r in refs if not r.rule.keep] + [r for r in refs if r.rule.keep]
+    group_owner: dict[str, dict] = {c: {} for c in COMPONENTS}  # key -> (seq, rid)
+    op_owner: dict[str, dict[int, tuple[int, int]]] = {c: {} for c in COMPONENTS}
+    matched: dict[int, int] = defaultdict(int)
+    for seq, ref in enumerate(ordered):
+        keys: list[tuple[str, int | None]] = []
+        names: list[int] = []
+        for k, text in enumerate(ref.rule.patterns):
+            where = smap.find(f"{ref.path}.patterns[{k}]")
+            try:
+                pat = parse_pattern(text)
+            except PatternError as exc:
+                rep.error("PCC201", str(exc), where, hint=exc.hint, path=ref.path)
+                continue
+            hit_keys, hit_names = _match(pat, groups, num_layers, ops)
+            if not hit_keys and not hit_names:
+                rep.error("PCC201", f"pattern '{text}' matches no operator of model '{catalog.name}'", where,
+                          hint=_why_nothing(pat, catalog), path=ref.path)
+                continue
+            spec = schemes.get(ref.rule.scheme)
+            if spec is not None and not spec.wide:
+                named = {f for f in pat.families if f in NON_GEMM and f != "kv_cache"}
+                if named:
+                    rep.error("PCC206", f"'{', '.join(sorted(named))}' is not a GEMM operator; "
+                              f"it cannot take the quantized scheme '{ref.rule.scheme}'", where,
+                              hint="quantize linear operators; keep norms and embeddings wide", path=ref.path)
+            if "kv_cache" in pat.families and ref.section == "trainer":
+                rep.error("PCC206", "the KV cache exists only in rollout", where, path=ref.path)
+            keys += hit_keys
+            names += hit_names
+        for comp in ref.rule.components:
+            for key in keys:
+                if _applies(comp, key[0]):
+                    group_owner[comp][key] = (seq, ref.id)
+                    matched[ref.id] += 1
+            for i in names:
+                if _applies(comp, ops[i].family):
+                    op_owner[comp][i] = (seq, ref.id)
+                    matched[ref.id] += 1
+
+    owner: dict[str, list[int]] = {}
+    for comp in COMPONENTS:
+        arr = [DEFAULT] * len(ops)
+        for key, (_, rid) in group_owner[comp].items():
+            for i in groups[key]:
+                arr[i] = rid
+        for i, (seq, rid) in op_owner[comp].items():
+            g = group_owner[comp].get((ops[i].family, ops[i].layer))
+            if g is None or g[0] < seq:
+                arr[i] = rid
+        owner[comp] = arr
+    plan = Plan(contract, catalog, refs, schemes, owner)
+    _report_shadowed(plan, matched, smap, rep)
+    plan.trainable = _trainable(contract, groups, num_layers, ops, smap, rep, catalog)
+    return plan
+
+
+def _match(pat: Pattern, groups, num_layers: int, ops) -> tuple[list, list[int]]:
+    layers = pat.layer_set(num_layers)
+    if pat.name_regex is not None:
+        rx = pat.name_regex.match
+        return [], [i for i, op in enumerate(ops)
+                    if rx(op.tensor) and (layers is None or op.layer in layers)]
+    fams = set(pat.families)
+    return [k for k in groups if k[0] in fams and (layers is None or k[1] in layers)], []
+
+
+def _why_nothing(pat: Pattern, catalog: Catalog) -> str:
+    if pat.layers is not None:
+        return f"the model has layers 0..{catalog.num_layers - 1}"
+    if any(f.startswith(("experts", "router")) for f in pat.families) and not catalog.is_moe:
+        return f"'{catalog.name}' is a dense model: it has no routed experts"
+    if any(f.startswith("shared_experts") for f in pat.families):
+        return f"'{catalog.name}' has no shared experts"
+    present = sorted({op.family for op in catalog.operators})
+    return "the model's families: " + ", ".join(present)
+
+
+def _report_shadowed(plan: Plan, matched: dict[int, int], smap: SourceMap, rep: Reporter) -> None:
+    owned: dict[int, int] = defaultdict(int)
+    for comp, arr in plan.owner.items():
+        for rid, idx in plan.groups[comp]:
+            owned[rid] += len(idx)
+    for ref in plan.rules:
+        if matched.get(ref.id) and not owned.get(ref.id):
+            later = "a later 'keep' rule" if not ref.rule.keep else "a later rule"
+            rep.warning("PCC203", f"rule is shadowed: every operator it matches is decided by {later}",
+                        smap.find(ref.path), hint="remove it, or move it after the rules that override it",
+                        path=ref.path)
+
+
+def _trainable(contract: Contract, groups, num_layers: int, ops, smap: SourceMap, rep: Reporter,
+               catalog: Catalog) -> list[int]:
+    t = contract.trainable
+    if t.kind == "none":
+        return []
+    if t.kind == "all":
+        return [i for i, op in enumerate(ops) if op.family != "kv_cache"]
+    out: set[int] = set()
+    for k, text in enumerate(t.targets):
+        where = smap.find(f"trainable.targets[{k}]")
+        try:
+            pat = parse_pattern(text)
+        except PatternError as exc:
+            rep.error("PCC201", str(exc), where, hint=exc.hint, path="trainable.targets")
+            continue
+        keys, names = _match(pat, groups, num_layers, ops)
+        hit = [i for key in keys for i in groups[key]] + names
+        hit = [i for i in hit if ops[i].family not in NON_GEMM]
+        if not hit:
+            rep.error("PCC201", f"LoRA target '{text}' matches no linear operator of model '{catalog.name}'",
+                      where, hint=_why_nothing(pat, catalog), path="trainable.targets")
+        out.update(hit)
+    return sorted(out)

@@ -1,0 +1,207 @@
+"""Built-in catalogs: operator counts per family, worked out by hand from each config."""
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
+from pcc.models.builtin import _CONFIGS, catalog_from_config
+
+NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "qwen3_30b_a3b", "qwen3_8b",
+         "tiny_dense", "tiny_moe")
+
+
+def counts(catalog):
+    found = Counter(op.family for op in catalog.operators)
+    return {family: found[family] for family in FAMILIES if found[family]}
+
+
+def config(name):
+    return json.loads((_CONFIGS / f"{name}.json").read_text())
+
+
+def test_catalog_names_sorted_and_complete():
+    assert catalog_names() == NAMES
+
+
+def test_every_config_states_its_source():
+    for name in NAMES:
+        assert config(name)["_source"]
+
+
+def dense_counts(layers, qk_norm):
+    """embed + final norm + lm_head; per layer 2 norms (+ q_norm, k_norm),
+    q, k+v, o, kv_cache, gate+up, down."""
+    return {
+        "embed": 1, "attn.q": layers, "attn.kv": 2 * layers, "attn.o": layers,
+        "mlp.gate_up": 2 * layers, "mlp.down": layers,
+        "norm": (4 if qk_norm else 2) * layers + 1, "lm_head": 1, "kv_cache": layers,
+    }
+
+
+@pytest.mark.parametrize("name, layers, qk_norm", [
+    ("llama3_8b", 32, False), ("qwen3_8b", 36, True), ("tiny_dense", 4, False),
+])
+def test_dense_counts(name, layers, qk_norm):
+    catalog = load_catalog(name)
+    assert counts(catalog) == dense_counts(layers, qk_norm)
+    assert catalog.architecture == "dense" and not catalog.is_moe and catalog.num_experts == 0
+
+
+@pytest.mark.parametrize("name, layers, experts", [("qwen3_30b_a3b", 48, 128), ("tiny_moe", 4, 8)])
+def test_qwen3_moe_counts(name, layers, experts):
+    # Every layer is MoE (decoder_sparse_step 1, no mlp_only_layers); no shared experts.
+    catalog = load_catalog(name)
+    assert counts(catalog) == {
+        "embed": 1, "attn.q": layers, "attn.kv": 2 * layers, "attn.o": layers,
+        "router": layers, "experts.gate_up": layers * experts * 2,
+        "experts.down": layers * experts, "norm": 4 * layers + 1, "lm_head": 1,
+        "kv_cache": layers,
+    }
+    assert catalog.architecture == "moe" and catalog.num_experts == experts
+
+
+def mla_counts(layers, dense, experts, indexer):
+    """DeepSeek-V3 style: per layer 4 norms (input, post-attention, q_a, kv_a),
+    q_a + q_b, kv_a + kv_b, o, kv_cache; dense layers gate+up+down, MoE layers
+    router, experts x (gate+up, down) and one fused shared expert. The DSA
+    indexer adds wq_b, wk, weights_proj ("other") and a k_norm per layer."""
+    moe = layers - dense
+    result = {
+        "embed": 1, "attn.q": 2 * layers, "attn.kv": 2 * layers, "attn.o": layers,
+        "kv_cache": layers, "mlp.gate_up": 2 * dense, "mlp.down": dense,
+        "router": moe, "experts.gate_up": moe * experts * 2, "experts.down": moe * experts,
+        "shared_experts.gate_up": 2 * moe, "shared_experts.down": moe,
+        "norm": (5 if indexer else 4) * layers + 1, "lm_head": 1,
+    }
+    if indexer:
+        result["other"] = 3 * layers
+    return result
+
+
+def test_deepseek_v3_counts():
+    catalog = load_catalog("deepseek_v3")
+    assert counts(catalog) == mla_counts(layers=61, dense=3, experts=256, indexer=False)
+    # 58 MoE layers x 256 experts x 3 projections; no MTP layer 61.
+    assert len(catalog.family_index()["experts.gate_up"]) + len(
+        catalog.family_index()["experts.down"]) == 58 * 256 * 3 == 44544
+    assert max(op.layer for op in catalog.operators if op.layer is not None) == 60
+    assert len(catalog.extra_tensors) == 58  # one e_score_correction_bias per router
+
+
+def test_kimi_k2_counts():
+    catalog = load_catalog("kimi_k2")
+    assert counts(catalog) == mla_counts(layers=61, dense=1, experts=384, indexer=False)
+    # 61 layers - 1 dense = 60 MoE layers x 384 experts x 3 projections.
+    expert_ops = [op for op in catalog.operators if op.family.startswith("experts.")]
+    assert len(expert_ops) == 60 * 384 * 3 == 69120
+    assert catalog.architecture == "mla_moe"
+
+
+def test_glm5_counts():
+    catalog = load_catalog("glm5")
+    assert counts(catalog) == mla_counts(layers=78, dense=3, experts=256, indexer=True)
+    # extras: 75 e_score_correction_bias + 78 indexer k_norm biases
+    assert len(catalog.extra_tensors) == 75 + 78
+
+
+def test_kimi_k2_builds_fast():
+    cfg = config("kimi_k2")
+    start = time.perf_counter()
+    catalog_from_config("kimi_k2", cfg)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_load_catalog_is_cached():
+    assert load_catalog("tiny_moe") is load_catalog("tiny_moe")
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(CatalogError, match="did you mean 'kimi_k2'"):
+        load_catalog("kimi-k2")
+    with pytest.raises(CatalogError, match="known: deepseek_v3"):
+        load_catalog("gpt5")
+
+
+def test_shapes_follow_the_config():
+    ops = {op.tensor: op for op in load_catalog("deepseek_v3").operators}
+    layer3 = "model.layers.3."
+    assert ops["model.embed_tokens.weight"].shape == (129280, 7168)
+    assert ops[layer3 + "self_attn.q_a_proj.weight"].shape == (1536, 7168)
+    assert ops[layer3 + "self_attn.q_b_proj.weight"].shape == (128 * (128 + 64), 1536)
+    assert ops[layer3 + "self_attn.kv_a_proj_with_mqa.weight"].shape == (512 + 64, 7168)
+    assert ops[layer3 + "self_attn.kv_b_proj.weight"].shape == (128 * (128 + 128), 512)
+    assert ops[layer3 + "self_attn.o_proj.weight"].shape == (7168, 128 * 128)
+    assert ops[layer3 + "self_attn.kv_cache"].shape == (512 + 64,)
+    assert ops[layer3 + "mlp.gate.weight"].shape == (256, 7168)
+    assert ops[layer3 + "mlp.experts.255.down_proj.weight"].shape == (7168, 2048)
+    assert ops[layer3 + "mlp.shared_experts.up_proj.weight"].shape == (2048, 7168)
+    assert ops["model.layers.0.mlp.down_proj.weight"].shape == (7168, 18432)
+    llama = {op.tensor: op for op in load_catalog("llama3_8b").operators}
+    assert llama["model.layers.0.self_attn.k_proj.weight"].shape == (8 * 128, 4096)
+    assert llama["model.layers.0.self_attn.kv_cache"].shape == (2, 8 * 128)
+    assert all(op.dtype == "bf16" for op in llama.values())
+
+
+def test_canonical_order():
+    ops = load_catalog("tiny_moe").operators
+    assert ops[0].family == "embed"
+    assert [op.family for op in ops[-2:]] == ["norm", "lm_head"]
+    layer0 = [op.tensor.removeprefix("model.layers.0.") for op in ops if op.layer == 0]
+    assert layer0[:9] == [
+        "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.kv_cache",
+    ]
+    assert layer0[9:13] == ["mlp.gate.weight", "mlp.experts.0.gate_proj.weight",
+                            "mlp.experts.0.up_proj.weight", "mlp.experts.0.down_proj.weight"]
+    assert [op.layer for op in ops[1:-2]] == sorted(op.layer for op in ops[1:-2])
+
+
+def test_family_index_covers_every_operator_once():
+    catalog = load_catalog("glm5")
+    index = catalog.family_index()
+    assert set(index) == set(FAMILIES)
+    flat = sorted(i for indices in index.values() for i in indices)
+    assert flat == list(range(len(catalog.operators)))
+    assert all(catalog.operators[i].family == "router" for i in index["router"])
+    assert catalog.family_index() is index
+
+
+def test_properties():
+    catalog = load_catalog("qwen3_30b_a3b")
+    assert (catalog.num_layers, catalog.num_experts, catalog.hidden_size, catalog.vocab_size) == (
+        48, 128, 2048, 151936)
+    assert (catalog.num_attention_heads, catalog.num_key_value_heads) == (32, 4)
+    assert catalog.tie_word_embeddings is False and catalog.source is None
+
+
+def test_qwen_sparse_step_and_mlp_only_layers():
+    cfg = dict(config("tiny_moe"), decoder_sparse_step=2, mlp_only_layers=[3])
+    catalog = catalog_from_config("t", cfg)
+    # (layer + 1) % 2 == 0 -> layers 1 and 3 sparse; layer 3 forced dense.
+    assert sorted({op.layer for op in catalog.operators if op.family == "router"}) == [1]
+    assert sorted({op.layer for op in catalog.operators if op.family == "mlp.down"}) == [0, 2, 3]
+    assert catalog.operators[0].shape == (512, 128)
+
+
+def test_mla_without_q_lora_and_tied_embeddings():
+    cfg = dict(config("deepseek_v3"), q_lora_rank=None, num_hidden_layers=4, n_routed_experts=4,
+               tie_word_embeddings=True)
+    catalog = catalog_from_config("t", cfg)
+    q = [op for op in catalog.operators if op.family == "attn.q"]
+    assert [op.tensor for op in q] == [
+        f"model.layers.{i}.self_attn.q_proj.weight" for i in range(4)]
+    assert q[0].shape == (128 * 192, 7168)
+    assert not catalog.family_index()["lm_head"]
+
+
+def test_importing_pcc_models_does_not_import_torch():
+    code = ("import sys, pcc.models; pcc.models.load_catalog('tiny_moe'); "
+            "print('torch' in sys.modules, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,0 +1,241 @@
+"""Catalogs read from checkpoint directories that the tests write themselves."""
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pcc.models import CatalogError, catalog_from_checkpoint, load_catalog
+from pcc.models.builtin import catalog_from_config, tensor_names
+
+INDEX = "model.safetensors.index.json"
+
+
+def write_checkpoint(root, config, tensors, shards=2, index=True):
+    """config.json, ``shards`` safetensors files and (optionally) the index."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    names = list(tensors)
+    weight_map = {}
+    for shard in range(shards):
+        file = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        part = {name: tensors[name] for name in names[shard::shards]}
+        save_file(part, str(root / file))
+        weight_map.update(dict.fromkeys(part, file))
+    if index:
+        (root / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return root
+
+
+def tensors_for(catalog, extra=None):
+    """Zero tensors with the catalog's shapes: what a real checkpoint of it holds."""
+    tensors = {op.tensor: torch.zeros(op.shape, dtype=torch.bfloat16)
+               for op in catalog.operators if op.family != "kv_cache"}
+    tensors.update({name: torch.zeros(4, dtype=torch.float32) for name in catalog.extra_tensors})
+    tensors.update(extra or {})
+    return tensors
+
+
+@pytest.fixture
+def tiny_moe(tmp_path):
+    catalog = load_catalog("tiny_moe")
+    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(16, dtype=torch.float32)}
+    return write_checkpoint(tmp_path / "tiny_moe", catalog.config, tensors_for(catalog, extra))
+
+
+def test_reads_names_shapes_dtypes_and_families(tiny_moe):
+    catalog = catalog_from_checkpoint(tiny_moe)
+    ops = {op.tensor: op for op in catalog.operators}
+    # tiny_moe: hidden 128, 4 heads x 32, 2 kv heads x 32, 8 experts of width 64, vocab 512.
+    expected = {
+        "model.embed_tokens.weight": ("embed", None, None, (512, 128)),
+        "model.layers.2.input_layernorm.weight": ("norm", 2, None, (128,)),
+        "model.layers.2.self_attn.q_norm.weight": ("norm", 2, None, (32,)),
+        "model.layers.2.self_attn.q_proj.weight": ("attn.q", 2, None, (128, 128)),
+        "model.layers.2.self_attn.k_proj.weight": ("attn.kv", 2, None, (64, 128)),
+        "model.layers.2.self_attn.v_proj.weight": ("attn.kv", 2, None, (64, 128)),
+        "model.layers.2.self_attn.o_proj.weight": ("attn.o", 2, None, (128, 128)),
+        "model.layers.2.mlp.gate.weight": ("router", 2, None, (8, 128)),
+        "model.layers.2.mlp.experts.7.gate_proj.weight": ("experts.gate_up", 2, 7, (64, 128)),
+        "model.layers.2.mlp.experts.7.up_proj.weight": ("experts.gate_up", 2, 7, (64, 128)),
+        "model.layers.2.mlp.experts.7.down_proj.weight": ("experts.down", 2, 7, (128, 64)),
+        "model.norm.weight": ("norm", None, None, (128,)),
+        "lm_head.weight": ("lm_head", None, None, (512, 128)),
+        "model.layers.2.self_attn.kv_cache": ("kv_cache", 2, None, (2, 64)),
+    }
+    for tensor, (family, layer, expert, shape) in expected.items():
+        op = ops[tensor]
+        assert (op.family, op.layer, op.expert, op.shape, op.dtype) == (
+            family, layer, expert, shape, "bf16"), tensor
+    assert catalog.extra_tensors == ("model.layers.0.self_attn.rotary_emb.inv_freq",)
+    assert catalog.source == str(tiny_moe) and catalog.name == str(tiny_moe)
+    assert catalog.architecture == "moe"
+
+
+@pytest.mark.parametrize("name", ["tiny_dense", "tiny_moe"])
+def test_checkpoint_agrees_with_built_in_catalog(tmp_path, name):
+    built = load_catalog(name)
+    read = catalog_from_checkpoint(write_checkpoint(tmp_path / name, built.config,
+                                                    tensors_for(built)))
+    assert read.operators == built.operators
+    assert read.extra_tensors == built.extra_tensors
+    assert read.architecture == built.architecture
+
+
+def test_mla_checkpoint_agrees_with_config(tmp_path):
+    # A shrunken DeepSeek-V3 layout: 3 layers (1 dense), 4 experts, MTP layer 3 on disk.
+    cfg = dict(load_catalog("deepseek_v3").config, hidden_size=64, intermediate_size=96,
+               moe_intermediate_size=32, num_hidden_layers=3, first_k_dense_replace=1,
+               num_attention_heads=2, num_key_value_heads=2, q_lora_rank=48, kv_lora_rank=32,
+               qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4,
+               vocab_size=100)
+    built = catalog_from_config("small", cfg)
+    mtp = {"model.layers.3.eh_proj.weight": torch.zeros(64, 128, dtype=torch.bfloat16),
+           "model.layers.3.enorm.weight": torch.zeros(64, dtype=torch.bfloat16),
+           "model.layers.3.mlp.experts.1.up_proj.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}
+    read = catalog_from_checkpoint(write_checkpoint(tmp_path / "mla", cfg, tensors_for(built, mtp)))
+    assert read.operators[:len(built.operators) - 2] == built.operators[:-2]
+    others = [op for op in read.operators if op.family == "other"]
+    assert [(op.tensor, op.layer, op.expert) for op in others] == [
+        ("model.layers.3.eh_proj.weight", 3, None), ("model.layers.3.enorm.weight", 3, None),
+        ("model.layers.3.mlp.experts.1.up_proj.weight", 3, 1)]
+    assert read.operators[-2:] == built.operators[-2:]  # final norm, lm_head stay last
+    assert read.extra_tensors == built.extra_tensors  # e_score_correction_bias x 2
+    assert read.architecture == "mla_moe"
+
+
+def test_index_only_takes_shapes_from_config(tmp_path):
+    built = load_catalog("tiny_moe")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    for shard in root.glob("*.safetensors"):
+        shard.unlink()
+    read = catalog_from_checkpoint(root)
+    assert read.operators == built.operators
+
+
+def test_index_only_with_an_unknown_tensor_names_it(tmp_path):
+    built = load_catalog("tiny_dense")
+    extra = {"visual.blocks.0.attn.qkv.weight": torch.zeros(6, 2, dtype=torch.bfloat16)}
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built, extra))
+    for shard in root.glob("*.safetensors"):
+        shard.unlink()
+    with pytest.raises(CatalogError, match=r"visual\.blocks\.0\.attn\.qkv\.weight.*shard files"):
+        catalog_from_checkpoint(root)
+
+
+def test_unknown_tensor_is_other(tmp_path):
+    built = load_catalog("tiny_dense")
+    extra = {"visual.blocks.0.attn.qkv.weight": torch.zeros(6, 2, dtype=torch.bfloat16)}
+    read = catalog_from_checkpoint(
+        write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built, extra)))
+    op = read.operators[-1]
+    assert (op.tensor, op.family, op.layer, op.expert, op.shape) == (
+        "visual.blocks.0.attn.qkv.weight", "other", None, None, (6, 2))
+    assert read.operators[:-1] == built.operators
+
+
+def test_single_file_without_index(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built), shards=1,
+                            index=False)
+    assert catalog_from_checkpoint(root).operators == built.operators
+
+
+def test_fp8_dtype_comes_from_the_header(tmp_path):
+    built = load_catalog("tiny_dense")
+    tensors = tensors_for(built)
+    name = "model.layers.1.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    read = catalog_from_checkpoint(write_checkpoint(tmp_path / "ckpt", built.config, tensors))
+    assert {op.tensor: op.dtype for op in read.operators}[name] == "fp8_e4m3"
+
+
+def test_truncated_header_names_the_file(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    shard = sorted(root.glob("*.safetensors"))[1]
+    length = struct.unpack("<Q", shard.read_bytes()[:8])[0]
+    shard.write_bytes(shard.read_bytes()[:8 + length // 2])
+    with pytest.raises(CatalogError, match=f"{shard.name}.*truncated safetensors header"):
+        catalog_from_checkpoint(root)
+    shard.write_bytes(b"\x01\x02")
+    with pytest.raises(CatalogError, match=f"{shard.name}.*truncated safetensors header"):
+        catalog_from_checkpoint(root)
+
+
+def test_garbage_header_names_the_file(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    shard = sorted(root.glob("*.safetensors"))[0]
+    shard.write_bytes(struct.pack("<Q", 4) + b"{{{{")
+    with pytest.raises(CatalogError, match=f"{shard.name}.*unreadable safetensors header"):
+        catalog_from_checkpoint(root)
+
+
+def test_shape_mismatch_names_tensor_file_and_both_shapes(tmp_path):
+    built = load_catalog("tiny_moe")
+    tensors = tensors_for(built)
+    name = "model.layers.1.mlp.experts.3.down_proj.weight"
+    tensors[name] = torch.zeros(128, 65, dtype=torch.bfloat16)
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors)
+    with pytest.raises(CatalogError) as err:
+        catalog_from_checkpoint(root)
+    message = str(err.value)
+    assert name in message and "[128, 65]" in message and "[128, 64]" in message
+    assert ".safetensors" in message
+
+
+def test_unknown_model_type_trusts_headers_and_infers_architecture(tmp_path):
+    built = load_catalog("tiny_moe")
+    cfg = dict(built.config, model_type="mystery_moe")
+    tensors = tensors_for(built)
+    tensors["model.layers.1.mlp.experts.3.down_proj.weight"] = torch.zeros(
+        128, 65, dtype=torch.bfloat16)
+    read = catalog_from_checkpoint(write_checkpoint(tmp_path / "ckpt", cfg, tensors))
+    assert read.architecture == "moe"
+    assert [op.family for op in read.operators] == [op.family for op in built.operators]
+
+
+def test_missing_config(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    (root / "config.json").unlink()
+    with pytest.raises(CatalogError, match="missing config.json"):
+        catalog_from_checkpoint(root)
+
+
+def test_no_weights_at_all(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(load_catalog("tiny_dense").config))
+    with pytest.raises(CatalogError, match="neither"):
+        catalog_from_checkpoint(tmp_path)
+
+
+def test_partly_downloaded_shards(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    missing = sorted(root.glob("*.safetensors"))[0]
+    missing.unlink()
+    with pytest.raises(CatalogError, match=f"missing: {missing.name}"):
+        catalog_from_checkpoint(root)
+
+
+def test_index_pointing_at_the_wrong_shard(tmp_path):
+    built = load_catalog("tiny_dense")
+    root = write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built))
+    index = json.loads((root / INDEX).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    name = "lm_head.weight"
+    index["weight_map"][name] = files[0] if index["weight_map"][name] == files[1] else files[1]
+    (root / INDEX).write_text(json.dumps(index))
+    with pytest.raises(CatalogError, match=f"{name}.*header lacks it"):
+        catalog_from_checkpoint(root)
+
+
+def test_tensor_names_cover_the_built_catalog():
+    cfg = load_catalog("tiny_moe").config
+    weights, extras = tensor_names(cfg)
+    assert len(weights) == len(set(weights)) == 139 - 4  # operators minus the 4 kv caches
+    assert extras == []
+    assert catalog_from_config("x", cfg).operators == load_catalog("tiny_moe").operators

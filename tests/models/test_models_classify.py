@@ -1,0 +1,54 @@
+"""The single name -> (family, layer, expert) rule, on real HF tensor names."""
+
+import pytest
+
+from pcc.models.classify import classify
+
+DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 61}
+
+
+@pytest.mark.parametrize("tensor, family, layer, expert", [
+    ("model.embed_tokens.weight", "embed", None, None),
+    ("model.norm.weight", "norm", None, None),
+    ("lm_head.weight", "lm_head", None, None),
+    ("model.layers.0.input_layernorm.weight", "norm", 0, None),
+    ("model.layers.7.self_attn.q_a_proj.weight", "attn.q", 7, None),
+    ("model.layers.7.self_attn.q_b_proj.weight", "attn.q", 7, None),
+    ("model.layers.7.self_attn.q_proj.weight", "attn.q", 7, None),
+    ("model.layers.7.self_attn.q_a_layernorm.weight", "norm", 7, None),
+    ("model.layers.7.self_attn.kv_a_proj_with_mqa.weight", "attn.kv", 7, None),
+    ("model.layers.7.self_attn.kv_b_proj.weight", "attn.kv", 7, None),
+    ("model.layers.7.self_attn.kv_a_layernorm.weight", "norm", 7, None),
+    ("model.layers.7.self_attn.o_proj.weight", "attn.o", 7, None),
+    ("model.layers.7.mlp.gate.weight", "router", 7, None),
+    ("model.layers.7.mlp.experts.255.gate_proj.weight", "experts.gate_up", 7, 255),
+    ("model.layers.7.mlp.experts.3.up_proj.weight", "experts.gate_up", 7, 3),
+    ("model.layers.7.mlp.experts.3.down_proj.weight", "experts.down", 7, 3),
+    ("model.layers.7.mlp.shared_experts.gate_proj.weight", "shared_experts.gate_up", 7, None),
+    ("model.layers.7.mlp.shared_experts.down_proj.weight", "shared_experts.down", 7, None),
+    ("model.layers.1.mlp.gate_proj.weight", "mlp.gate_up", 1, None),
+    ("model.layers.1.mlp.down_proj.weight", "mlp.down", 1, None),
+    # DSA indexer: its norm is a norm; its projections have no family of their own.
+    ("model.layers.7.self_attn.indexer.k_norm.weight", "norm", 7, None),
+    ("model.layers.7.self_attn.indexer.wq_b.weight", "other", 7, None),
+    # MTP layer 61 sits past the 61 decoder layers.
+    ("model.layers.61.eh_proj.weight", "other", 61, None),
+    ("model.layers.61.shared_head.norm.weight", "other", 61, None),
+    ("model.layers.61.self_attn.q_a_proj.weight", "other", 61, None),
+    ("model.layers.61.mlp.experts.9.down_proj.weight", "other", 61, 9),
+    # Vision towers and multimodal wrappers.
+    ("visual.blocks.0.attn.qkv.weight", "other", None, None),
+    ("language_model.model.layers.2.self_attn.q_b_proj.weight", "attn.q", 2, None),
+    ("language_model.lm_head.weight", "lm_head", None, None),
+    # Mixtral and Qwen2-MoE spellings.
+    ("model.layers.2.block_sparse_moe.gate.weight", "router", 2, None),
+    ("model.layers.2.block_sparse_moe.experts.5.w2.weight", "experts.down", 2, 5),
+    ("model.layers.2.mlp.shared_expert.up_proj.weight", "shared_experts.gate_up", 2, None),
+    ("model.layers.2.mlp.shared_expert_gate.weight", "router", 2, None),
+])
+def test_classify(tensor, family, layer, expert):
+    assert classify(tensor, DEEPSEEK)[:3] == (family, layer, expert)
+
+
+def test_without_layer_count_every_layer_is_a_decoder_layer():
+    assert classify("model.layers.61.self_attn.q_a_proj.weight", {})[:3] == ("attn.q", 61, None)
