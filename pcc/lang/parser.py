@@ -44,9 +44,13 @@ def _expected(names: set[str]) -> list[str]:
     for n in names:
         if n in _TERMINAL_NAMES:
             out.add(_TERMINAL_NAMES[n])
-        else:
+            continue
+        try:
             pattern = _lark().get_terminal(n).pattern
-            out.add(f"'{pattern.value}'" if pattern.type == "str" else n.lower())
+        except KeyError:  # lark's own end marker, spelled differently across versions
+            out.add("end of file")
+            continue
+        out.add(f"'{pattern.value}'" if pattern.type == "str" else n.lower())
     return sorted(out)
 
 
@@ -62,26 +66,26 @@ def _keywords(names: set[str]) -> list[str]:
     return words
 
 
+def _end_span(file: str, text: str) -> Span:
+    lines = text.splitlines() or [""]
+    return Span(file, len(lines), len(lines[-1]) + 1)
+
+
 def _diagnose(exc: UnexpectedInput, file: str, text: str) -> Diagnostic:
     line = getattr(exc, "line", None) or 1
     col = getattr(exc, "column", None) or 1
-    if line < 1:  # lark reports EOF as line -1
-        lines = text.splitlines() or [""]
-        line, col = len(lines), len(lines[-1]) + 1
     span = Span(file, line, col, line, col + 1)
+    eof = isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END")
+    if eof:
+        return Diagnostic("PCC103", "error", "unexpected end of file", _end_span(file, text),
+                          hint="expected " + ", ".join(_expected(set(exc.expected))) + " (is a '}' missing?)")
     if isinstance(exc, UnexpectedCharacters):
         ch = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
         return Diagnostic("PCC102", "error", f"unexpected character {ch!r}", span,
                           hint="names are letters, digits, '_' and '-'; strings use double quotes")
-    if isinstance(exc, UnexpectedEOF):
-        return Diagnostic("PCC103", "error", "unexpected end of file", span,
-                          hint="expected " + ", ".join(_expected(set(exc.expected))) + " (is a '}' missing?)")
     assert isinstance(exc, UnexpectedToken)
     tok: Token = exc.token
     expected = set(exc.expected)
-    if tok.type == "$END":
-        return Diagnostic("PCC103", "error", "unexpected end of file", span,
-                          hint="expected " + ", ".join(_expected(expected)) + " (is a '}' missing?)")
     span = Span(file, tok.line, tok.column, tok.end_line, tok.end_column)
     hint = did_you_mean(str(tok), _keywords(expected)) if tok.type == "IDENT" else None
     if hint is None:

@@ -77,6 +77,12 @@ def parse_pattern(text: str) -> Pattern:
         return Pattern(text, ALIASES[head], None, layers)
     if any(ch in head for ch in "*?["):
         fams = tuple(f for f in FAMILIES if f not in NON_GEMM and fnmatch.fnmatchcase(f, head))
+        if not fams:
+            from pcc.lang.diagnostics import did_you_mean
+
+            globs = sorted({f.split(".")[0] + ".*" for f in FAMILIES if "." in f})
+            raise PatternError(f"pattern '{head}' matches no operator family",
+                               did_you_mean(head, globs + list(VOCABULARY)) or "families: " + ", ".join(VOCABULARY))
         return Pattern(text, fams, None, layers)
     if head in FAMILIES:
         return Pattern(text, (head,), None, layers)

@@ -116,6 +116,8 @@ def resolve(contract: Contract, catalog: Catalog, smap: SourceMap, rep: Reporter
     op_owner: dict[str, dict[int, tuple[int, int]]] = {c: {} for c in COMPONENTS}
     matched: dict[int, int] = defaultdict(int)
     for seq, ref in enumerate(ordered):
+        if ref.rule.scheme not in schemes:
+            continue  # PCC202 reported above; the operators keep their other rules
         keys: list[tuple[str, int | None]] = []
         names: list[int] = []
         for k, text in enumerate(ref.rule.patterns):

@@ -1,0 +1,121 @@
+"""Element formats: exact encode/decode of FP8, FP4 (E2M1), E8M0 and the integer grids.
+
+Every encoder here saturates: a finite value beyond the format's largest finite
+value becomes that value (with its sign), the way the engines clamp before their
+casts.  The quantizer rejects NaN and inf before it scales, so these functions
+only see NaN/inf when called directly; docs/numerics.md lists what happens then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A small IEEE-like float: enough facts to round to it and bound it."""
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    max: float
+    dtype: torch.dtype | None  # torch storage dtype, None when torch has no cast
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal; subnormals share its ulp."""
+        return 1 - self.bias
+
+
+E4M3 = FloatFormat("e4m3", 4, 3, 7, 448.0, torch.float8_e4m3fn)
+E5M2 = FloatFormat("e5m2", 5, 2, 15, 57344.0, torch.float8_e5m2)
+E2M1 = FloatFormat("e2m1", 2, 1, 1, 6.0, None)
+
+# Code -> value for E2M1: bit 3 is the sign, bits 2..1 the exponent, bit 0 the mantissa.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+def encode_fp8(y: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Round float32 `y` to an FP8 dtype, nearest-even, saturating at +-fmt.max."""
+    return torch.clamp(y, -fmt.max, fmt.max).to(fmt.dtype)
+
+
+def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
+    """FP8 tensor -> float32 through a 256-entry table (faster than torch's scalar cast on CPU)."""
+    table = torch.arange(256, dtype=torch.uint8, device=codes.device).view(codes.dtype).float()
+    return torch.take(table, codes.view(torch.uint8).to(torch.int64))
+
+
+def encode_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """Round float32 `y` to E2M1 codes (uint8 0..15), nearest-even, saturating at +-6.
+
+    Rounds once, in float32: adding M = 2**22 * max(floor_pow2(|y|), 1) leaves
+    exactly E2M1's spacing in that binade as the ulp, so (|y| + M) - M is |y|
+    rounded half-to-even onto the E2M1 grid.  The sign of zero is kept (-0.1 ->
+    code 8), as a hardware cvt and ml_dtypes do.  NaN has no E2M1 code.
+    """
+    y = y.float()
+    a = y.abs().clamp_(max=E2M1.max)
+    magic = floor_pow2(a).clamp_(min=1.0).mul_(2.0**22)
+    r = (a + magic).sub_(magic)
+    code = (r.view(torch.int32) >> 22).sub_(252)  # ((biased exponent - 126) << 1) | mantissa, for r >= 1
+    code = torch.maximum(code, r.mul_(2.0).clamp_(max=2.0).to(torch.int32))  # r in {0, 0.5}: code = 2r
+    sign = (y.view(torch.int32) >> 28) & 8
+    return code.bitwise_or_(sign).to(torch.uint8)
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (any integer dtype, one code per element) -> float32 values."""
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    return torch.take(lut, codes.to(torch.int64) & 0xF)
+
+
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """Exact floor(log2(a)) for positive finite float32 `a` (subnormals included)."""
+    _, exp = torch.frexp(a)
+    return exp - 1
+
+
+def pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """Exact float32 2**exponent for integer exponents in [-149, 127]."""
+    e = exponent.to(torch.int32)
+    normal = ((e + 127).clamp(min=1) << 23).view(torch.float32)
+    subnormal = (torch.ones_like(e) << (e + 149).clamp(0, 22)).view(torch.float32)
+    return torch.where(e >= -126, normal, subnormal)
+
+
+def floor_pow2(a: torch.Tensor) -> torch.Tensor:
+    """Largest power of two <= `a`, for positive normal float32 `a` (clears the mantissa)."""
+    return (a.view(torch.int32) & 0x7F800000).view(torch.float32)
+
+
+def encode_e8m0(exponent: torch.Tensor) -> torch.Tensor:
+    """Unbiased power-of-two exponents -> E8M0 bytes (uint8, bias 127), clamped to [-127, 127]."""
+    return (exponent.to(torch.int32).clamp(-127, 127) + 127).to(torch.uint8)
+
+
+def decode_e8m0(byte: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes -> float32 2**(byte-127); byte 255 is the format's NaN."""
+    b = byte.to(torch.int32)
+    value = pow2(b - 127)
+    return torch.where(b == 255, torch.full_like(value, float("nan")), value)
+
+
+def stochastic_round(y: torch.Tensor, fmt: FloatFormat,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round float32 `y` to a neighbour on `fmt`'s grid with probability by distance.
+
+    The result is exactly representable in `fmt` (after saturation), so the
+    nearest-even encoders above store it without a second rounding.
+    """
+    a = y.abs().clamp(max=fmt.max)
+    exp = torch.where(a > 0, floor_log2(torch.where(a > 0, a, 1.0)), fmt.emin)
+    ulp = pow2(exp.clamp(min=fmt.emin) - fmt.mbits)
+    u = torch.rand(a.shape, generator=generator, device=a.device)
+    r = torch.floor(a / ulp + u) * ulp
+    return torch.copysign(r.clamp(max=fmt.max), y)

@@ -1,0 +1,129 @@
+"""The parser and builder: spans, canonical dicts, and positioned errors."""
+
+import pytest
+
+from pcc.contract.io import load
+from pcc.contract.model import Contract
+from pcc.lang import DiagnosticError, Reporter, build, parse_scheme
+
+SMALL = """contract small {
+  model tiny_moe
+  hardware cpu
+  scheme fp8_block = fp8_e4m3 weights block 128x128 activations tile 1x128
+  rollout sglang {
+    linear : fp8_block
+    keep bf16 : router, lm_head
+  }
+  trainer megatron {
+    fprop : fp8_block qdq
+    dgrad, wgrad : bf16
+  }
+}
+"""
+
+
+def _errors(text: str, file: str = "x.prec"):
+    with pytest.raises(DiagnosticError) as exc:
+        rep = Reporter()
+        build(text, file, rep)
+        rep.fail_if_errors()
+    return exc.value.diagnostics
+
+
+def test_builds_canonical_dict_with_spans():
+    rep = Reporter()
+    d, smap = build(SMALL, "s.prec", rep)
+    assert not rep.diagnostics
+    assert d["rollout"]["rules"][1] == {"components": ["rollout"], "keep": True, "scheme": "bf16",
+                                        "patterns": ["router", "lm_head"]}
+    # "fprop : X" means all linear operators; "dgrad, wgrad" names two components.
+    assert d["trainer"]["rules"][0]["patterns"] == ["linear"]
+    assert d["trainer"]["rules"][0]["gemm"] == "qdq"
+    assert d["trainer"]["rules"][1]["components"] == ["dgrad", "wgrad"]
+    assert (smap["rollout.rules[1]"].line, smap["rollout.rules[1]"].col) == (7, 5)
+    assert (smap["trainer.rules[1]"].line, smap["trainer.rules[1]"].col) == (11, 5)
+    assert Contract.model_validate(d).rollout.rules[0].scheme == "fp8_block"
+
+
+def test_scheme_expressions_fill_format_defaults():
+    assert parse_scheme("mxfp8") == {"format": "mxfp8", "scale": "e8m0",
+                                     "weights": {"kind": "group", "size": 32},
+                                     "activations": {"kind": "group", "size": 32},
+                                     "gradients": {"kind": "group", "size": 32}}
+    # INT4 is weight-only by default (W4A16): no activation grouping.
+    s = parse_scheme("int4 group 32")
+    assert s["weights"] == {"kind": "group", "size": 32} and "activations" not in s
+    assert s["packing"] == "int32x8"
+    s = parse_scheme("nvfp4 scale e4m3+fp32")
+    assert s["scale"] == "e4m3_fp32"
+
+
+@pytest.mark.parametrize("text, code, line, col", [
+    ("contract a {\n  modle tiny_moe\n}\n", "PCC101", 2, 3),
+    ("contract a {\n  model tiny_moe\n", "PCC103", 2, 17),
+    ("contract a {\n  model tiny_moe $\n}\n", "PCC102", 2, 18),
+    ("contract a {\n  model tiny_moe\n  model tiny_dense\n}\n", "PCC106", 3, 3),
+    ("contract a {\n  scheme s = fp9\n}\n", "PCC105", 2, 14),
+    ("contract a {\n  scheme s = int4 group 32\n  scheme s = int4 group 64\n}\n", "PCC106", 3, 3),
+])
+def test_errors_are_positioned(text, code, line, col):
+    (d,) = _errors(text)
+    assert (d.code, d.span.line, d.span.col) == (code, line, col)
+    rendered = d.render({"x.prec": text})
+    assert f"x.prec:{line}:{col}: error[{code}]" in rendered and "^" in rendered
+
+
+def test_unknown_keyword_gets_did_you_mean():
+    (d,) = _errors("contract a {\n  hardwre H100\n}\n")
+    assert d.code == "PCC101" and "did you mean 'hardware'" in d.hint
+
+
+def test_validation_errors_point_at_the_statement(tmp_path):
+    p = tmp_path / "c.prec"
+    p.write_text("contract c {\n  model tiny_moe\n  hardware cpu\n  trainable lora rank 0 alpha 8 targets attn.q\n}\n")
+    with pytest.raises(DiagnosticError) as exc:
+        load(str(p))
+    (d,) = exc.value.diagnostics
+    assert d.code == "PCC105" and (d.span.line, d.span.col) == (4, 18)
+
+
+@pytest.mark.parametrize("payload", [b"\x00\x01\xff" * 100, "contract a {".encode() * 3000,
+                                     b"contract a {\n" + b"\xe9\n}"])
+def test_malformed_files_are_diagnosed(tmp_path, payload):
+    p = tmp_path / "bad.prec"
+    p.write_bytes(payload)
+    with pytest.raises(DiagnosticError) as exc:
+        load(str(p))
+    assert all(d.code.startswith("PCC1") for d in exc.value.diagnostics)
+
+
+def test_huge_file_is_refused_early(tmp_path):
+    p = tmp_path / "big.prec"
+    p.write_bytes(b"contract a {\n" + b"# pad\n" * (2 << 20))
+    with pytest.raises(DiagnosticError) as exc:
+        load(str(p))
+    assert exc.value.diagnostics[0].code == "PCC104"
+
+
+def test_cyclic_extends(tmp_path):
+    (tmp_path / "a.prec").write_text('contract a extends "b.prec" {\n  hardware cpu\n}\n')
+    (tmp_path / "b.prec").write_text('contract b extends "a.prec" {\n  model tiny_moe\n}\n')
+    with pytest.raises(DiagnosticError) as exc:
+        load(str(tmp_path / "a.prec"))
+    (d,) = exc.value.diagnostics
+    assert d.code == "PCC107" and "cyclic" in d.message and d.span.line == 1
+
+
+def test_extends_appends_rules_and_overrides_sections(tmp_path):
+    (tmp_path / "base.prec").write_text(SMALL)
+    (tmp_path / "child.prec").write_text(
+        'contract child extends "base.prec" {\n  rollout {\n    experts.* : bf16\n  }\n'
+        '  sync full_weights { interval 4 }\n}\n')
+    loaded = load(str(tmp_path / "child.prec"))
+    c = loaded.contract
+    assert c.name == "child" and c.model.catalog == "tiny_moe"
+    assert [r.patterns for r in c.rollout.rules] == [["linear"], ["router", "lm_head"], ["experts.*"]]
+    assert c.sync.interval == 4 and c.trainer.rules[0].gemm == "qdq"
+    # The child's rule keeps its own span, at its shifted index.
+    span = loaded.smap["rollout.rules[2]"]
+    assert span.file.endswith("child.prec") and span.line == 3

@@ -1,0 +1,106 @@
+"""The command line: exit codes, --json, schema freshness, and a cold start without torch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from pcc.cli import main
+from pcc.contract.schema import schema_files
+from pcc.resources import data_dir
+
+GOOD = """contract cli {
+  model tiny_moe
+  hardware cpu
+
+  rollout sglang {
+    experts.* : fp8_block
+  }
+
+  routing replay rollout
+}
+"""
+
+
+def _write(tmp_path, text, name="c.prec"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_check_exit_codes_and_json(tmp_path, capsys):
+    good = _write(tmp_path, GOOD)
+    assert main(["check", good]) == 0
+    capsys.readouterr()
+    bad = _write(tmp_path, GOOD.replace("experts.*", "expert.*"), "bad.prec")
+    assert main(["check", "--json", bad]) == 1
+    out = json.loads(capsys.readouterr().out)
+    (diag,) = [d for d in out["diagnostics"] if d["severity"] == "error"]
+    assert diag["code"] == "PCC201" and diag["line"] == 6 and diag["col"] == 5
+    assert "did you mean 'experts.*'" in diag["hint"]
+
+
+def test_usage_error_exits_2():
+    r = subprocess.run([sys.executable, "-m", "pcc.cli", "check"], capture_output=True)
+    assert r.returncode == 2
+
+
+def test_export_then_check_gives_the_same_plan(tmp_path, capsys):
+    prec = _write(tmp_path, GOOD)
+    for fmt in ("json", "yaml"):
+        other = str(tmp_path / f"c.{fmt}")
+        assert main(["export", prec, "--format", fmt, "-o", other]) == 0
+        capsys.readouterr()
+        assert main(["plan", prec]) == 0
+        a = capsys.readouterr().out
+        assert main(["plan", other]) == 0
+        b = capsys.readouterr().out
+        assert a == b and json.loads(a)["lock"].startswith("sha256:")
+
+
+def test_explain_reports_trace_and_bytes(capsys, tmp_path):
+    assert main(["explain", "--json", _write(tmp_path, GOOD)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert set(info["trace"]) == {"rollout", "fprop", "dgrad", "wgrad", "optimizer", "sync"}
+    roll = {p["scheme"]: p["operators"] for p in info["trace"]["rollout"]}
+    assert roll["fp8_block"] == 4 * 8 * 3  # tiny_moe: 4 layers x 8 experts x (gate, up, down)
+    reps = {r["name"]: r for r in info["representations"]}
+    # FP8 weights + fp32 scales are smaller than the bf16 trainer copy.
+    assert reps["rollout weights (packed)"]["bytes"] < reps["trainer parameter"]["bytes"]
+
+
+def test_checked_in_schema_is_current():
+    for name, text in schema_files().items():
+        assert (data_dir("schemas") / name).read_text() == text, "run: pcc schema"
+
+
+def test_schema_validates_the_json_form(tmp_path, capsys):
+    import jsonschema
+
+    schema = json.loads((data_dir("schemas") / "contract.schema.json").read_text())
+    assert main(["export", _write(tmp_path, GOOD), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, schema)
+    doc["rollout"]["bogus"] = 1
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("the schema accepted an unknown field")
+
+
+def test_check_does_not_import_torch(tmp_path):
+    code = ("import sys; from pcc.cli import main; main(['check', sys.argv[1]]); "
+            "bad = [m for m in ('torch', 'numpy', 'sglang', 'megatron') if m in sys.modules]; "
+            "sys.exit(3 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code, _write(tmp_path, GOOD)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_fmt_check(tmp_path):
+    p = _write(tmp_path, GOOD.replace("  hardware cpu\n", "  hardware   cpu\n"))
+    assert main(["fmt", "--check", p]) == 1
+    assert main(["fmt", "--write", p]) == 0
+    assert main(["fmt", "--check", p]) == 0
+    assert Path(p).read_text() == GOOD
