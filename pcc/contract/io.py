@@ -113,8 +113,8 @@ def _resolve(path: str, rep: Reporter, sources: dict[str, str], stack: list[str]
     parent_path = str(Path(path).parent / parent_ref)
     parent, parent_smap = _resolve(parent_path, rep, sources, stack + [real], smap.get("extends") or Span(path, 1, 1))
     child = {k: v for k, v in doc.items() if k != "extends"}
+    # The merged contract stands alone: exporting it and loading the export gives the same Plan.
     merged = _merge({k: v for k, v in parent.items() if k not in ("name", "extends")}, child)
-    merged["extends"] = parent_ref
     return merged, _shift(smap, parent_smap, parent, child)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pcc.contract.io import Loaded, load
@@ -55,7 +55,18 @@ def compile_file(path: str, catalog: Catalog | None = None) -> Compiled:
         return Compiled(loaded, None, rep.diagnostics, loaded.sources)
     plan = resolve(loaded.contract, catalog, loaded.smap, rep)
     run_checks(plan, loaded.smap, rep)
-    return Compiled(loaded, plan, rep.diagnostics, loaded.sources)
+    return Compiled(loaded, plan, _own(rep.diagnostics, loaded.path), loaded.sources)
+
+
+def _own(diagnostics: list[Diagnostic], path: str) -> list[Diagnostic]:
+    """Name the file on diagnostics that only have a contract path, and drop PCC203 for
+    parent rules: a child that extends a contract overrides its rules on purpose."""
+    out = []
+    for d in diagnostics:
+        if d.code == "PCC203" and d.span is not None and d.span.file != path:
+            continue
+        out.append(d if d.span is not None or d.file else replace(d, file=path))
+    return out
 
 
 def _sources(path: str) -> dict[str, str]:

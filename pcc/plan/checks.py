@@ -309,7 +309,7 @@ def mismatch_regime(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         if params < SMALL_MODEL_PARAMS:
             rep.warning("PCC409", f"full-weight requantization after every update on a {params / 1e9:.1f}B model: "
                         "the quantization cost can exceed what the low-precision rollout saves",
-                        smap.find("sync"), path="sync", hint="measure it (pcc validate level 9), or sync less often")
+                        smap.find("sync"), path="sync", hint="measure the sync cost at these shapes, or sync less often (sync { interval N })")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

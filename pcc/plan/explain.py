@@ -135,6 +135,8 @@ def _representations(plan: Plan, weights: list[int]) -> list[dict]:
                      "bytes": gemm_bytes, "of": f"{real_ops} operators with real low-precision GEMMs"})
     roll = sum(weight_bytes(plan.scheme("rollout", i), ops[i].shape) for i in weights)
     if lora:
+        roll += train_params * 2  # the BF16 adapter rollout holds beside its packed base
+    if lora:
         wire = train_params * 2
         reps.append({"name": "sync payload per version", "dtype": "bf16", "bytes": wire, "of": "adapter only"})
     else:

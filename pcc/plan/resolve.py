@@ -198,8 +198,7 @@ def _report_shadowed(plan: Plan, matched: dict[int, int], smap: SourceMap, rep: 
             owned[rid] += len(idx)
     for ref in plan.rules:
         if matched.get(ref.id) and not owned.get(ref.id):
-            later = "a later 'keep' rule" if not ref.rule.keep else "a later rule"
-            rep.warning("PCC203", f"rule is shadowed: every operator it matches is decided by {later}",
+            rep.warning("PCC203", "rule is shadowed: every operator it matches is decided by a later rule",
                         smap.find(ref.path), hint="remove it, or move it after the rules that override it",
                         path=ref.path)
 

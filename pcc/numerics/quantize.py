@@ -1,0 +1,339 @@
+"""quantize / dequantize / qdq: codes and scales as the engines compute them.
+
+Every grouping is one case.  The tensor is viewed as [B*rows, cols] and each
+row as nbc runs of C columns (zero-padded at the right edge); a scale block is
+R consecutive rows of one run (R = 1 except for 2-D blocks and whole-tensor
+scaling).  Zero padding never changes an amax, so a partial edge block is
+scaled by its real elements only; codes are cropped back to the logical shape.
+
+Work is done in row chunks of about a million elements: float32 temporaries then
+stay in cache and are recycled by the allocator instead of being page-faulted in
+afresh, which is most of the cost of a whole-tensor implementation on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import formats as fm
+from .packing import pack_e2m1x2, pack_int32x8, unpack_e2m1x2, unpack_int32x8
+from .scheme import Grouping, Scheme
+
+_PASSTHROUGH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_FP8 = {"fp8_e4m3": fm.E4M3, "fp8_e5m2": fm.E5M2, "mxfp8": fm.E4M3}
+_INT_BITS = {"int4": 4, "int8": 8}
+_MX_EMAX = {"mxfp8": 8, "mxfp4": 2}  # exponent of the element format's largest binade (OCP MX v1.0)
+_CHUNK = 1 << 20  # elements per row chunk
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a tensor of `shape` splits into scale blocks under a grouping."""
+
+    shape: tuple[int, ...]
+    batch: int  # leading slices that never share a block (block grouping on >2-D tensors)
+    rows: int
+    cols: int
+    block_rows: int
+    block_cols: int
+    scale_shape: tuple[int, ...]
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        """Scale blocks as [B, nbr, nbc]."""
+        return (self.batch, math.ceil(self.rows / self.block_rows), math.ceil(self.cols / self.block_cols))
+
+    def per_row(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-block values [B, nbr, nbc] -> repeated for each tensor row: [B*rows, nbc, 1]."""
+        t = t.reshape(self.grid).repeat_interleave(self.block_rows, dim=1)[:, : self.rows]
+        return t.reshape(-1, t.shape[-1], 1)
+
+    def per_block(self, t: torch.Tensor, reduce: Callable) -> torch.Tensor:
+        """Per-row values [B*rows, nbc] -> reduced over each block's rows: [B, nbr, nbc]."""
+        b, nbr, nbc = self.grid
+        t = t.reshape(b, self.rows, nbc)
+        pad = nbr * self.block_rows - self.rows
+        if pad:
+            t = F.pad(t, (0, 0, 0, pad))
+        return reduce(t.view(b, nbr, self.block_rows, nbc), dim=2)
+
+    def chunks(self, x2: torch.Tensor, pre: Callable | None = None):
+        """Yield (row slice, rows of x2 as [r, nbc, C]); `pre` first widens stored rows."""
+        nbc, c = self.grid[2], self.block_cols
+        pad = nbc * c - self.cols
+        step = max(1, _CHUNK // (nbc * c))
+        for i in range(0, x2.shape[0], step):
+            xc = x2[i: i + step]
+            if pre is not None:
+                xc = pre(xc)
+            if pad:
+                xc = F.pad(xc, (0, pad))
+            yield slice(i, i + step), xc.reshape(xc.shape[0], nbc, c)
+
+    def map_rows(self, x2: torch.Tensor, out: torch.Tensor, fn: Callable, *per_row: torch.Tensor,
+                 pre: Callable | None = None, post: Callable | None = None) -> torch.Tensor:
+        """out[rows] = post(crop(fn(chunk, per-row chunks))) for every row chunk of x2."""
+        for sl, xc in self.chunks(x2, pre):
+            res = fn(xc, *(t[sl] for t in per_row)).reshape(xc.shape[0], -1)[:, : self.cols]
+            out[sl] = post(res) if post else res
+        return out
+
+
+def geometry(shape: torch.Size | tuple[int, ...], grouping: Grouping) -> Geometry:
+    shape = tuple(shape)
+    if 0 in shape:
+        raise ValueError(f"cannot quantize an empty tensor of shape {shape}")
+    cols = shape[-1] if shape else 1
+    lead = shape[:-1]
+    if grouping.kind == "block":
+        if len(shape) < 2:
+            raise ValueError(f"block grouping needs a tensor of at least 2 dims, got shape {shape}")
+        rows, batch = shape[-2], math.prod(shape[:-2])
+        r, c = grouping.rows, grouping.cols
+        scale_shape = shape[:-2] + (math.ceil(rows / r), math.ceil(cols / c))
+        return Geometry(shape, batch, rows, cols, r, c, scale_shape)
+    rows = math.prod(lead)
+    if grouping.kind == "tensor":
+        return Geometry(shape, 1, rows, cols, rows, cols, ())
+    if grouping.kind in ("row", "token"):
+        return Geometry(shape, 1, rows, cols, 1, cols, lead + (1,))
+    c = grouping.run
+    return Geometry(shape, 1, rows, cols, 1, c, lead + (math.ceil(cols / c),))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1] if t.dim() else 1)
+
+
+@dataclass
+class Quantized:
+    """A quantized tensor: codes + scales in engine storage dtypes, and how to undo them.
+
+    codes: float8 tensor (fp8_*, mxfp8); uint8 E2M1 codes, one per element or two per
+    byte with e2m1x2 (mxfp4, nvfp4); int8 codes, or int32 words with int32x8 (int4/int8);
+    the cast tensor for pass-through formats.
+    scales: float32 (fp32, pow2), uint8 E8M0 bytes (e8m0), float8_e4m3fn (nvfp4);
+    shape Geometry.scale_shape; None for pass-through formats.
+    outer_scale: nvfp4 only, float32 scalar S_enc = 448*6/amax(tensor) (an encode factor).
+    zero_point: asymmetric integer schemes only, int8 of the scales' shape.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor | None
+    shape: torch.Size
+    scheme: Scheme
+    role: str
+    outer_scale: torch.Tensor | None = None
+    zero_point: torch.Tensor | None = None
+
+    @property
+    def grouping(self) -> Grouping | None:
+        return self.scheme.grouping(self.role)
+
+    @property
+    def geometry(self) -> Geometry:
+        return geometry(self.shape, self.grouping)
+
+    def _decode_rows(self, codes: torch.Tensor) -> torch.Tensor:
+        """Rows of stored codes -> float32 element values (zero point not removed)."""
+        fmt, cols = self.scheme.format, self.geometry.cols
+        if fmt in _FP8:
+            return fm.decode_fp8(codes)
+        if fmt in ("mxfp4", "nvfp4"):
+            return fm.decode_e2m1(unpack_e2m1x2(codes, cols) if self.scheme.packing else codes)
+        return (unpack_int32x8(codes, cols) if self.scheme.packing else codes).float()
+
+    def element_values(self) -> torch.Tensor:
+        """Codes as float32 values of the element format (zero point not removed), logical shape."""
+        return self._decode_rows(_rows(self.codes)).reshape(self.shape)
+
+    def block_scales(self) -> torch.Tensor:
+        """Decoded float32 multiplier of each block, shaped [B, nbr, nbc]."""
+        s = self.scales
+        if self.scheme.scale == "e8m0":
+            s = fm.decode_e8m0(s)
+        elif self.scheme.scale == "e4m3_fp32":
+            s = s.float() * (1.0 / self.outer_scale)
+        return s.float().reshape(self.geometry.grid)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.scheme.passthrough:
+            return self.codes.to(dtype)
+        geo, codes = self.geometry, _rows(self.codes)
+        out = torch.empty(codes.shape[0], geo.cols, dtype=dtype, device=codes.device)
+        scale = geo.per_row(self.block_scales())
+        if self.zero_point is None:
+            geo.map_rows(codes, out, torch.mul, scale, pre=self._decode_rows)
+        else:
+            zp = geo.per_row(self.zero_point.float())
+            geo.map_rows(codes, out, lambda v, s, z: (v - z) * s, scale, zp, pre=self._decode_rows)
+        return out.reshape(self.shape)
+
+
+def _as_scheme(scheme: Scheme | str | dict) -> Scheme:
+    if isinstance(scheme, Scheme):
+        return scheme
+    if isinstance(scheme, str):
+        return Scheme.parse(scheme)
+    return Scheme.from_dict(scheme)
+
+
+def _check_finite(amax: torch.Tensor, amin: torch.Tensor, geo: Geometry, name: str | None, grouping: Grouping):
+    bad = ~(torch.isfinite(amax) & torch.isfinite(amin))
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in bad.nonzero()[0])  # (batch, block row, block col)
+        where = "the tensor" if grouping.kind == "tensor" else \
+            f"scale block {idx if geo.batch > 1 else idx[1:]} of grouping '{grouping}'"
+        raise ValueError(f"{name or 'tensor'}: NaN or inf in {where}; refusing to compute a scale from it")
+
+
+def _fp32_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """amax / qmax; an all-zero block gets 1.0, an underflowing one the smallest normal."""
+    s = (amax / qmax).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.where(amax == 0, torch.ones_like(s), s)
+
+
+def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """2**ceil(log2(amax/qmax)), via the encode factor qmax/amax rounded down to a power of two."""
+    enc = fm.floor_pow2((qmax / amax).clamp(max=fm.FLT_MAX))
+    return torch.where(amax == 0, torch.ones_like(enc), 1.0 / enc)
+
+
+def _e8m0_scale(amax: torch.Tensor, emax_elem: int) -> torch.Tensor:
+    """OCP MX: shared exponent floor(log2(amax)) - emax_elem; all-zero block -> 2**0."""
+    exp = fm.floor_log2(torch.where(amax > 0, amax, 1.0)) - emax_elem
+    return fm.encode_e8m0(torch.where(amax > 0, exp, 0))
+
+
+def _nvfp4_scales(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-level NVFP4 scales as TransformerEngine computes them.
+
+    S_enc = 448*6 / amax(tensor) (1.0 if that is 0); block decode scale
+    s_b = e4m3(amax_b * (S_enc * (1/6))), saturating at 448.
+    """
+    g = absmax.max()
+    s_enc = (fm.E4M3.max * fm.E2M1.max / g).clamp(max=fm.FLT_MAX)
+    s_enc = torch.where((g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    inv6 = torch.tensor(1.0 / fm.E2M1.max, dtype=torch.float32, device=absmax.device)
+    s_b = fm.encode_fp8((absmax * (s_enc * inv6)).clamp(max=fm.FLT_MAX), fm.E4M3)
+    return s_b, s_enc
+
+
+def _row_stats(x2: torch.Tensor, geo: Geometry, signed: bool):
+    """Per-row, per-run max|x| (or max and min when `signed`), float32 [B*rows, nbc]."""
+    hi = torch.empty(x2.shape[0], geo.grid[2], dtype=torch.float32, device=x2.device)
+    lo = torch.empty_like(hi) if signed else None
+    for sl, xc in geo.chunks(x2):
+        xc = xc.float()  # short reductions vectorise in float32, not in bf16
+        if signed:
+            hi[sl], lo[sl] = xc.amax(-1), xc.amin(-1)
+        else:
+            hi[sl] = xc.abs().amax(-1)
+    return hi, lo
+
+
+def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator):
+    """Scales, outer scale, per-block factor and per-chunk encoder of a float scheme."""
+    fmt = scheme.format
+    elem = fm.E2M1 if fmt in ("mxfp4", "nvfp4") else _FP8[fmt]
+    outer = None
+    if fmt == "nvfp4":
+        scales, outer = _nvfp4_scales(amax)
+        factor = (1.0 / (scales.float() * (1.0 / outer))).clamp(max=fm.FLT_MAX)
+        op = torch.mul  # TE multiplies by the block's encode factor
+    else:
+        if scheme.scale == "e8m0":
+            scales = _e8m0_scale(amax, _MX_EMAX[fmt])
+            factor = fm.decode_e8m0(scales)
+        else:
+            scales = (_pow2_scale if scheme.scale == "pow2" else _fp32_scale)(amax, elem.max)
+            factor = scales
+        op = torch.div  # SGLang's kernels and public converters compute x / scale
+
+    def fn(xc, f):
+        y = op(xc, f)  # float32: f is float32 and x no wider
+        if scheme.rounding == "stochastic":
+            y = fm.stochastic_round(y, elem, generator)
+        return fm.encode_e2m1(y) if elem is fm.E2M1 else y.clamp_(-elem.max, elem.max)
+
+    code_dtype = torch.uint8 if elem is fm.E2M1 else elem.dtype
+    return scales, outer, None, (factor,), fn, code_dtype
+
+
+def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generator):
+    """Scales, zero points and per-chunk rounding of an integer scheme (codes as float)."""
+    bits = _INT_BITS[scheme.format]
+    if scheme.symmetric:
+        qmin, qmax = -(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1
+        scales = (_pow2_scale if scheme.scale == "pow2" else _fp32_scale)(amax, qmax)
+        zp = torch.zeros_like(scales)
+    else:
+        qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+        lo, hi = amin.clamp(max=0), amax.clamp(min=0)  # the range always holds 0 exactly
+        scales = _fp32_scale(hi - lo, qmax - qmin)
+        zp = torch.round(qmin - lo / scales).clamp(qmin, qmax)
+
+    def fn(xc, s, z):
+        y = xc / s + z
+        if scheme.rounding == "stochastic":
+            y = torch.floor(y + torch.rand(y.shape, generator=generator, device=y.device))
+        else:
+            y = torch.round(y)  # half to even
+        return y.clamp_(qmin, qmax)
+
+    zero_point = None if scheme.symmetric else zp.to(torch.int8)
+    return scales, None, zero_point, (scales, zp), fn, torch.int8
+
+
+def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight", name: str | None = None,
+             generator: torch.Generator | None = None) -> Quantized:
+    """Quantize `x` as `scheme` prescribes for `role`; `generator` feeds stochastic rounding.
+
+    Raises ValueError naming `name` and the scale block if `x` holds NaN or inf.
+    """
+    scheme = _as_scheme(scheme)
+    if scheme.passthrough:
+        return Quantized(x.to(_PASSTHROUGH_DTYPES[scheme.format]), None, x.shape, scheme, role)
+    if not x.is_floating_point():
+        raise ValueError(f"{name or 'tensor'}: quantize needs a floating tensor, got {x.dtype}")
+    grouping = scheme.grouping(role)
+    geo = geometry(x.shape, grouping)
+    x2 = x.reshape(-1, geo.cols)
+    signed = scheme.format in _INT_BITS and not scheme.symmetric
+    hi, lo = _row_stats(x2, geo, signed)
+    amax = geo.per_block(hi, torch.amax)
+    amin = geo.per_block(lo, torch.amin) if signed else -amax
+    _check_finite(amax, amin, geo, name, grouping)
+
+    if scheme.format in _INT_BITS:
+        scales, outer, zero_point, per_block, fn, code_dtype = _int_encoder(amax, amin, scheme, generator)
+    else:
+        scales, outer, zero_point, per_block, fn, code_dtype = _float_encoder(amax, scheme, generator)
+
+    post, cols = None, geo.cols
+    if scheme.packing == "e2m1x2":
+        post, cols = pack_e2m1x2, math.ceil(geo.cols / 2)
+    elif scheme.packing == "int32x8":
+        post, cols, code_dtype = (lambda r: pack_int32x8(r.to(torch.int8))), math.ceil(geo.cols / 8), torch.int32
+    codes = torch.empty(x2.shape[0], cols, dtype=code_dtype, device=x.device)
+    geo.map_rows(x2, codes, fn, *(geo.per_row(t) for t in per_block), post=post)
+    codes = codes.reshape(tuple(x.shape[:-1]) + (cols,)) if x.dim() else codes.reshape(())
+    scales = scales.reshape(geo.scale_shape)
+    if zero_point is not None:
+        zero_point = zero_point.reshape(geo.scale_shape)
+    return Quantized(codes, scales, x.shape, scheme, role, outer, zero_point)
+
+
+def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return q.dequantize(dtype)
+
+
+def qdq(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight", name: str | None = None,
+        generator: torch.Generator | None = None) -> torch.Tensor:
+    """Quantize then dequantize back to x.dtype: what the other engine computes with."""
+    return quantize(x, scheme, role, name, generator).dequantize(x.dtype)

@@ -1,0 +1,127 @@
+"""One failing (or warning) contract per diagnostic code: tests/check_fixtures/.
+
+Each fixture's first line is ``# expect: PCCnnn [FILE:]LINE[:COL]``: the code the
+compiler must report, and where (FILE when the diagnostic points into another
+file, e.g. the second half of an extends cycle). Files whose names do not start
+with ``PCC`` are helpers of another fixture (cycle_b.prec), not fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pcc.plan import compile_file
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "check_fixtures"
+DOCS = ROOT / "docs" / "checks.md"
+EXPECT = re.compile(rb"^# expect: (PCC\d{3})(?: (?:(?P<file>[\w\-]+\.(?:prec|yaml|yml|json)):)?(?P<line>\d+)(?::(?P<col>\d+))?)?\s*$")
+# Codes no input file can produce: each has its own test below instead of a fixture.
+NO_FIXTURE = {"PCC100": "the parser's defensive catch-all; see test_pcc100_internal_parser_failure"}
+
+
+def _fixtures() -> list[Path]:
+    return sorted(p for p in FIXTURES.iterdir() if p.name.startswith("PCC") and p.is_file())
+
+
+def _expectation(path: Path) -> tuple[str, str | None, int | None, int | None]:
+    first = path.read_bytes().split(b"\n", 1)[0]
+    m = EXPECT.match(first)
+    assert m, f"{path.name}: first line must be '# expect: PCCnnn LINE:COL', got {first!r}"
+    code = m.group(1).decode()
+    file = m.group("file").decode() if m.group("file") else None
+    line = int(m.group("line")) if m.group("line") else None
+    col = int(m.group("col")) if m.group("col") else None
+    return code, file, line, col
+
+
+def _codes_in_source() -> set[str]:
+    codes = set()
+    for py in (ROOT / "pcc").rglob("*.py"):
+        codes.update(re.findall(r"[\"'](PCC\d{3})[\"']", py.read_text(encoding="utf-8")))
+    return codes
+
+
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.name)
+def test_fixture_reports_its_code(path: Path) -> None:
+    code, file, line, col = _expectation(path)
+    assert path.name.startswith(code + "_"), f"{path.name}: file name and '# expect' code disagree"
+    compiled = compile_file(str(path))
+    diags = compiled.diagnostics
+    assert {d.code for d in diags} == {code}, (
+        f"{path.name}: expected only {code}, got:\n" + "\n".join(d.render() for d in diags))
+    hits = [d for d in diags if d.code == code]
+    if line is not None:
+        want_file = file or path.name
+        at = [d for d in hits if d.span is not None and Path(d.span.file).name == want_file
+              and d.span.line == line and (col is None or d.span.col == col)]
+        assert at, (f"{path.name}: {code} expected at {want_file}:{line}:{col}, got "
+                    + ", ".join(d.location() for d in hits))
+    if any(d.is_error for d in hits):
+        assert not compiled.ok
+    else:
+        assert compiled.ok, f"{path.name}: a warning-only fixture must still compile"
+
+
+def test_every_code_has_a_fixture_and_a_doc_section() -> None:
+    codes = _codes_in_source()
+    assert len(codes) >= 30, codes  # the grep itself works
+    fixtures = {p.name[:6] for p in _fixtures()}
+    missing = sorted(codes - fixtures - set(NO_FIXTURE))
+    assert not missing, f"codes without a fixture in tests/check_fixtures/: {missing}"
+    stale = sorted(fixtures - codes)
+    assert not stale, f"fixtures for codes the compiler no longer emits: {stale}"
+    doc = DOCS.read_text(encoding="utf-8")
+    sections = set(re.findall(r"^## (PCC\d{3}): \S", doc, flags=re.M))
+    undocumented = sorted(codes - sections)
+    assert not undocumented, f"codes without a '## PCCnnn: title' section in docs/checks.md: {undocumented}"
+
+
+def test_pcc100_internal_parser_failure(monkeypatch, tmp_path: Path) -> None:
+    """PCC100 is the parser's guard against anything lark raises besides a syntax error."""
+    from lark.exceptions import LarkError
+
+    from pcc.lang import parser
+
+    class Broken:
+        def parse(self, text, start):
+            raise LarkError("internal failure")
+
+    monkeypatch.setattr(parser, "_lark", lambda: Broken())
+    p = tmp_path / "any.prec"
+    p.write_text("contract any { model tiny_dense hardware cpu }\n", encoding="utf-8")
+    compiled = compile_file(str(p))
+    assert [d.code for d in compiled.diagnostics] == ["PCC100"]
+    assert not compiled.ok
+
+
+def test_cli_check_json_shape() -> None:
+    path = FIXTURES / "PCC301_nvfp4_on_hopper.prec"
+    proc = subprocess.run([sys.executable, "-m", "pcc.cli", "check", "--json", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["file"] == str(path)
+    assert out["ok"] is False
+    assert out["errors"] == 1 and out["warnings"] == 0
+    assert out["model"] == "tiny_moe" and out["operators"] > 0
+    [diag] = out["diagnostics"]
+    assert diag["code"] == "PCC301" and diag["severity"] == "error"
+    assert (diag["line"], diag["col"]) == (6, 5)
+    assert Path(diag["file"]).name == path.name
+    assert "nvfp4" in diag["message"] and diag["hint"]
+
+
+def test_cli_check_clean_exit_zero() -> None:
+    path = ROOT / "contracts" / "bf16_baseline.prec"
+    proc = subprocess.run([sys.executable, "-m", "pcc.cli", "check", "--json", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] is True and out["errors"] == 0 and out["diagnostics"] == []
