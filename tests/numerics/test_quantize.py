@@ -1,0 +1,201 @@
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from pcc.numerics import Grouping, Scheme, dequantize, qdq, quantize
+
+
+def _scheme(fmt, w=None, **kw):
+    return Scheme(fmt, w, w, **kw)
+
+
+# ---------------------------------------------------------------- worked examples
+
+def test_int4_toy_example():
+    # INT4 codes -7..7, scale = amax/7.  One group {1, 3, 100}: scale 100/7, so 1 -> 0.07 -> 0 and
+    # 3 -> 0.21 -> 0; 100 -> 7 -> 100.  With {1, 3} alone: scale 3/7, 3 -> 7 (exact),
+    # 1 -> 2.33 -> 2 -> 6/7 = 0.857.
+    s = _scheme("int4", Grouping("group", size=4))
+    out = qdq(torch.tensor([[1.0, 3.0, 100.0, 0.0]]), s)
+    assert out[0, :2].tolist() == [0.0, 0.0] and out[0, 2].item() == pytest.approx(100.0, rel=1e-6)
+    out = qdq(torch.tensor([[1.0, 3.0, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0]]), Scheme("int4", Grouping("group", size=4)))
+    assert out[0, 1].item() == pytest.approx(3.0, rel=1e-6)
+    assert out[0, 0].item() == pytest.approx(6 / 7, rel=1e-6)
+    assert out[0, 4].item() == pytest.approx(100.0, rel=1e-6)
+
+
+def test_mxfp8_worked_example():
+    # OCP MX v1.0, section 6.3: shared_exp = floor(log2(amax)) - emax_elem, emax_elem = 8 for E4M3.
+    # Block amax 1000: floor(log2 1000) = 9, shared_exp = 1, X = 2, E8M0 byte 127 + 1 = 128.
+    # 1000/2 = 500 > 448 saturates to 448 (-> 896); 3/2 = 1.5 is exact; 0.01/2 = 0.005 rounds to the
+    # E4M3 subnormal 3 * 2**-9 (0.005859), since 0.005 / 2**-9 = 2.56 -> 3.
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([1000.0, 3.0, 0.01, -7.0])
+    q = quantize(x, "mxfp8")
+    assert q.scales.tolist() == [[128]]
+    assert q.dequantize()[0, :4].tolist() == [896.0, 3.0, 2 * 3 * 2.0**-9, -7.0]
+
+
+def test_mxfp4_worked_example():
+    # emax_elem = 2 for E2M1.  Block 1: amax 5 -> floor(log2 5) = 2 -> shared_exp 0 -> X = 1 (byte 127);
+    # 5 is a tie between 4 and 6 -> 4 (even mantissa); 0.75 -> 1 (tie, even); 0.25 -> 0 (tie, even).
+    # Block 2: amax 0.1 -> floor(log2 0.1) = -4 -> shared_exp -6 -> X = 2**-6 (byte 121);
+    # 0.1 * 64 = 6.4 saturates to 6 -> 6/64 = 0.09375; 0.02 * 64 = 1.28 -> 1.5 (nearer than 1) -> 0.0234375.
+    x = torch.zeros(1, 64)
+    x[0, :3] = torch.tensor([5.0, 0.75, 0.25])
+    x[0, 32:34] = torch.tensor([0.1, -0.02])
+    q = quantize(x, "mxfp4")
+    assert q.scales.tolist() == [[127, 121]]
+    d = q.dequantize()
+    assert d[0, :3].tolist() == [4.0, 1.0, 0.0]
+    assert d[0, 32:34].tolist() == [0.09375, -0.0234375]
+    # packed: codes 4.0 -> 0b0110, 1.0 -> 0b0010: byte 0 = (2 << 4) | 6 = 0x26
+    assert q.codes[0, 0].item() == 0x26
+
+
+def test_nvfp4_worked_example():
+    # Two-level NVFP4 (TransformerEngine): S_enc = 448*6/amax(tensor) = 2688/10 = 268.8.
+    # Block 0 (amax 10): s_b = e4m3(10 * 268.8/6 = 448) = 448; element 10 -> 10*268.8/448 = 6 -> code 6.
+    # Block 1 (amax 1): 1 * 44.8 -> e4m3 44 (E4M3 spacing is 4 in [32, 64)); encode factor 268.8/44 = 6.109,
+    # so 1.0 -> 6.109 saturates to 6 -> 6*44/268.8 = 0.98214; 0.5 -> 3.05 -> 3 -> 0.49107.
+    x = torch.zeros(1, 32)
+    x[0, 0] = 10.0
+    x[0, 16:18] = torch.tensor([1.0, 0.5])
+    q = quantize(x, "nvfp4")
+    assert q.outer_scale.item() == pytest.approx(268.8, rel=1e-7)
+    assert q.scales.float().tolist() == [[448.0, 44.0]]
+    d = q.dequantize()
+    assert d[0, 0].item() == pytest.approx(10.0, rel=1e-6)
+    assert d[0, 16].item() == pytest.approx(6 * 44 / 268.8, rel=1e-6)
+    assert d[0, 17].item() == pytest.approx(3 * 44 / 268.8, rel=1e-6)
+
+
+def test_fp8_block_scale_shapes_and_partial_edges():
+    # scales are [ceil(N/128), ceil(K/128)]; an edge block's scale is the amax of its real elements / 448
+    w = torch.randn(300, 200)
+    w[299, 199] = 50.0
+    q = quantize(w, "fp8_block")
+    assert q.codes.shape == w.shape and q.codes.dtype == torch.float8_e4m3fn
+    assert q.scales.shape == (3, 2)
+    assert q.scales[2, 1].item() == pytest.approx(w[256:, 128:].abs().max().item() / 448, rel=1e-7)
+    assert q.scales[0, 0] == w[:128, :128].abs().max() / 448
+    # the block-FP8 checkpoint multiplier: w ~ code * weight_scale_inv
+    approx = q.codes.float() * q.scales.repeat_interleave(128, 0)[:300].repeat_interleave(128, 1)[:, :200]
+    assert torch.equal(approx, q.dequantize())
+
+
+def test_activation_tile_and_token_scales():
+    a = torch.randn(5, 3, 256)
+    q = quantize(a, "fp8_block", role="activation")
+    assert q.scales.shape == (5, 3, 2)
+    assert quantize(a, "fp8_row", role="activation").scales.shape == (5, 3, 1)
+    assert quantize(a, "fp8_tensor").scales.shape == ()
+
+
+def test_batched_block_weights_do_not_share_blocks():
+    w = torch.randn(2, 130, 64)
+    w[1] *= 100
+    q = quantize(w, "fp8_block")
+    assert q.scales.shape == (2, 2, 1)
+    assert q.scales[1, 0, 0] > 10 * q.scales[0, 0, 0]
+
+
+def test_fp8_codes_match_reference_division():
+    # codes = e4m3(clamp(x / (amax/448))) with x / s in float32, the SGLang / converter formula
+    x = torch.randn(4, 256, dtype=torch.bfloat16) * 3
+    q = quantize(x, "fp8_block", role="activation")
+    s = (x.float().view(4, 2, 128).abs().amax(-1, keepdim=True) / 448)
+    ref = (x.float().view(4, 2, 128) / s).numpy().astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    assert np.array_equal(q.codes.view(torch.uint8).numpy(), ref.reshape(4, 256))
+
+
+# ---------------------------------------------------------------- special values
+
+@pytest.mark.parametrize("preset", ["fp8_tensor", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "int4_g32"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nonfinite_input_names_tensor_and_block(preset, bad):
+    x = torch.randn(256, 256)
+    x[130, 70] = bad
+    with pytest.raises(ValueError, match=r"layers\.3\.w") as err:
+        quantize(x, preset, name="layers.3.w")
+    msg = str(err.value)
+    if preset == "fp8_block":
+        assert "(1, 0)" in msg
+    elif preset != "fp8_tensor":
+        run = Scheme.preset(preset).weights.run
+        assert f"(130, {70 // run})" in msg
+
+
+@pytest.mark.parametrize("preset,scale", [("fp8_tensor", 1.0), ("fp8_block", 1.0), ("mxfp8", 127),
+                                          ("mxfp4", 127), ("nvfp4", 0.0), ("int4_g128", 1.0)])
+def test_all_zero_blocks(preset, scale):
+    x = torch.zeros(128, 256)
+    q = quantize(x, preset)
+    assert (q.scales.float() == scale).all()
+    assert (q.element_values() == 0).all()
+    assert torch.equal(q.dequantize(), x)
+    if preset == "nvfp4":
+        assert q.outer_scale.item() == 1.0
+
+
+def test_zero_block_next_to_nonzero_block():
+    x = torch.zeros(2, 64)
+    x[1, 40] = 3.0
+    q = quantize(x, "mxfp8")
+    assert q.scales.tolist() == [[127, 127], [127, 127 + 1 - 8]]
+    assert q.dequantize()[1, 40].item() == 3.0
+
+
+def test_subnormal_inputs_quantize_against_ml_dtypes():
+    # values far below the block amax land in (or flush from) E4M3's subnormal range
+    x = torch.tensor([[448.0, 2.0**-7, 2.0**-9, 2.0**-10, 3 * 2.0**-11, 1e-30, -2.0**-8]])
+    q = quantize(x, Scheme("fp8_e4m3", Grouping("row"), Grouping("row")))
+    assert q.scales.item() == 1.0
+    ref = x.numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    assert np.array_equal(q.dequantize().numpy(), ref)
+    assert torch.signbit(q.dequantize()[0, 6])
+
+
+def test_asymmetric_int4_zero_point():
+    x = torch.tensor([[0.0, 1.0, 2.0, 15.0]])
+    s = Scheme("int4", Grouping("group", size=4), Grouping("group", size=4), symmetric=False)
+    q = quantize(x, s)
+    # range [0, 15] over 15 steps: scale 1, zero point -8 (so 0.0 is code -8)
+    assert q.scales.item() == 1.0 and q.zero_point.item() == -8
+    assert q.element_values().tolist() == [[-8.0, -7.0, -6.0, 7.0]]
+    assert torch.equal(q.dequantize(), x)
+
+
+def test_pow2_scale_is_ceil_rule():
+    x = torch.tensor([[500.0, 1.0]])
+    q = quantize(x, Scheme("fp8_e4m3", Grouping("row"), Grouping("row"), scale="pow2"))
+    assert q.scales.item() == 2.0  # 2**ceil(log2(500/448)); no saturation
+    assert q.dequantize()[0, 0].item() == 512.0  # 250 -> E4M3 256 (spacing 16 in [128, 256))
+
+
+def test_passthrough_and_dequantize_alias():
+    x = torch.randn(3, 5)
+    q = quantize(x, "bf16")
+    assert q.codes.dtype == torch.bfloat16 and q.scales is None
+    assert torch.equal(dequantize(q), x.bfloat16().float())
+    assert torch.equal(qdq(x, "fp32"), x)
+
+
+def test_stochastic_rounding_is_unbiased():
+    g = torch.Generator().manual_seed(1)
+    s = Scheme("int8", Grouping("row"), Grouping("row"), rounding="stochastic")
+    x = torch.full((1, 4096), 0.3)
+    x[0, 0] = 127.0
+    d = qdq(x, s, generator=g)
+    assert abs(d[0, 1:].mean().item() - 0.3) < 0.02
+    assert set(d[0, 1:].unique().tolist()) == {0.0, 1.0}
+
+
+def test_packed_codes_round_trip_shapes():
+    x = torch.randn(7, 45)
+    for preset, cols in (("mxfp4", 23), ("nvfp4", 23), ("int4_g32", 6)):
+        q = quantize(x, preset)
+        assert q.codes.shape == (7, cols)
+        unpacked = Scheme.from_dict({**q.scheme.to_dict(), "packing": None})
+        assert torch.equal(q.dequantize(), quantize(x, unpacked).dequantize())
