@@ -163,7 +163,14 @@ def _default_schema_dir() -> str:
     return str(data_dir("schemas"))
 
 
+# Commands that live beside their stage: each module has `register(subparsers)`, and
+# imports nothing heavy (torch, engines) at module level, so `pcc check` stays fast.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
 def parser() -> argparse.ArgumentParser:
+    import importlib
+
     p = argparse.ArgumentParser(prog="pcc", description="The precision-contract compiler for LLM RL.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -199,6 +206,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="folder (default: the schemas/ folder pcc ships)")
     s.add_argument("--check", action="store_true", help="exit 1 if the files differ from the model")
     s.set_defaults(fn=cmd_schema)
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return p
 
 
