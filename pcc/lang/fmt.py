@@ -18,6 +18,9 @@ Line = tuple[str | None, str]  # (source-map path or None, text)
 
 
 def _num(v: Any) -> str:
+    """Numbers as written, except that whole floats print without ".0"."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
     return str(v)
 
 
