@@ -47,8 +47,9 @@ def contract_source(contract: Contract) -> str:
     return "\n".join(text for _, text in lines(d)) + "\n"
 
 
-def bundle_files(plan: Plan, targets: tuple[str, ...] = tuple(TARGET_MODULES)) -> tuple[dict[str, str], list[Lowered]]:
-    """Every file of the bundle (path -> text), manifest included."""
+def bundle_files(plan: Plan, targets: tuple[str, ...] | None = None) -> tuple[dict[str, str], list[Lowered]]:
+    """Every file of the bundle (path -> text), manifest included; all targets by default."""
+    targets = tuple(TARGET_MODULES) if targets is None else targets
     lowered = [lower(plan, name) for name in targets]
     pd = plan_dict(plan)
     pd["lock"] = lock_hash(pd)
@@ -83,12 +84,13 @@ def _readme(plan: Plan, lowered: list[Lowered]) -> str:
             + ("## Why these values\n\n" + "\n".join(notes) + "\n" if notes else ""))
 
 
-def write_bundle(plan: Plan, out: str | Path, force: bool = False) -> dict[str, str]:
+def write_bundle(plan: Plan, out: str | Path, force: bool = False,
+                 targets: tuple[str, ...] | None = None) -> dict[str, str]:
     """Write the bundle atomically; refuse to replace an existing directory unless `force`."""
     out = Path(out)
     if out.exists() and not force:
         raise BundleError(f"{out} exists; pass --force to replace it")
-    files, _ = bundle_files(plan)
+    files, _ = bundle_files(plan, targets)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     if tmp.exists():

@@ -59,7 +59,32 @@ def _read_doc(path: str, rep: Reporter, sources: dict[str, str]) -> tuple[dict[s
     if not isinstance(doc, dict):
         raise DiagnosticError([Diagnostic("PCC108", "error", "a contract document is a mapping at the top level",
                                           Span(path, 1, 1))])
-    return doc, SourceMap()
+    return doc, _yaml_spans(text, path)
+
+
+def _yaml_spans(text: str, path: str) -> SourceMap:
+    """Spans for every key path of a YAML/JSON document, so its errors are positioned too."""
+    smap = SourceMap()
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return smap
+    stack = [("", root)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                p = f"{prefix}.{key.value}" if prefix else str(key.value)
+                m = key.start_mark
+                smap[p] = Span(path, m.line + 1, m.column + 1)
+                stack.append((p, value))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                p = f"{prefix}[{i}]"
+                m = item.start_mark
+                smap[p] = Span(path, m.line + 1, m.column + 1)
+                stack.append((p, item))
+    return smap
 
 
 def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:

@@ -127,3 +127,18 @@ def test_extends_appends_rules_and_overrides_sections(tmp_path):
     # The child's rule keeps its own span, at its shifted index.
     span = loaded.smap["rollout.rules[2]"]
     assert span.file.endswith("child.prec") and span.line == 3
+
+
+def test_yaml_and_json_errors_are_positioned(tmp_path):
+    from pcc.plan import compile_file
+
+    j = tmp_path / "c.json"
+    j.write_text('{\n  "name": "j",\n  "model": {"catalog": "tiny_moe"},\n  "hardware": "cpu",\n'
+                 '  "trainable": {"kind": "lora", "rank": 0, "alpha": 8, "targets": ["attn.q"]}\n}\n')
+    (d,) = compile_file(str(j)).diagnostics
+    assert (d.code, d.span.line, d.span.col) == ("PCC105", 5, 33)
+    y = tmp_path / "c.yaml"
+    y.write_text("name: y\nmodel: {catalog: tiny_moe}\nhardware: cpu\nrollout:\n  rules:\n"
+                 "    - components: [rollout]\n      patterns: [expert.*]\n      scheme: fp8_block\n")
+    (d,) = compile_file(str(y)).diagnostics
+    assert (d.code, d.span.line, d.span.col) == ("PCC201", 7, 18) and "experts.*" in d.hint
