@@ -66,12 +66,7 @@ def cmd_export(args) -> int:
     except DiagnosticError as exc:
         _print_diagnostics(exc.diagnostics, _read(args.file), False)
         return 1
-    text = export(loaded.contract, args.format)
-    if args.output:
-        _atomic_write(Path(args.output), text)
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _emit(export(loaded.contract, args.format), args.output)
 
 
 def cmd_plan(args) -> int:
@@ -80,9 +75,13 @@ def cmd_plan(args) -> int:
     c = _compiled_or_exit(args.file, False)
     if c is None:
         return 1
-    text = plan_json(c.plan)
-    if args.output:
-        _atomic_write(Path(args.output), text)
+    return _emit(plan_json(c.plan), args.output)
+
+
+def _emit(text: str, output: str | None) -> int:
+    """Write to `output` atomically, or to stdout."""
+    if output:
+        _atomic_write(Path(output), text)
     else:
         sys.stdout.write(text)
     return 0

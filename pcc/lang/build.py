@@ -308,32 +308,25 @@ class _Builder:
         self.out["trainable"] = out
 
     def s_sync(self, n: Tree) -> None:
-        if not self.once("sync", n, "'sync' statement"):
-            return
-        moves, *opts = n.children
-        out: dict[str, Any] = {"moves": str(moves)}
-        self.smap["sync.moves"] = self.span(moves)
-        for o in opts:
-            key, value = str(o.children[0]), o.children[1]
-            if key in out:
-                self.rep.error("PCC106", f"'{key}' given twice", self.span(o))
-            out[key] = _number(value) if value.type == "NUMBER" else str(value)
-            self.smap[f"sync.{key}"] = self.span(o)
-        self.out["sync"] = out
+        self._keyed(n, "sync", "moves")
 
     def s_correction(self, n: Tree) -> None:
-        if not self.once("correction", n, "'correction' statement"):
+        self._keyed(n, "correction", "kind")
+
+    def _keyed(self, n: Tree, section: str, head: str) -> None:
+        """`section HEAD key value ...`: one word, then key-value options."""
+        if not self.once(section, n, f"'{section}' statement"):
             return
-        kind, *opts = n.children
-        out: dict[str, Any] = {"kind": str(kind)}
-        self.smap["correction.kind"] = self.span(kind)
+        word, *opts = n.children
+        out: dict[str, Any] = {head: str(word)}
+        self.smap[f"{section}.{head}"] = self.span(word)
         for o in opts:
             key, value = str(o.children[0]), o.children[1]
             if key in out:
                 self.rep.error("PCC106", f"'{key}' given twice", self.span(o))
             out[key] = _number(value) if value.type == "NUMBER" else str(value)
-            self.smap[f"correction.{key}"] = self.span(o)
-        self.out["correction"] = out
+            self.smap[f"{section}.{key}"] = self.span(o)
+        self.out[section] = out
 
     def s_routing(self, n: Tree) -> None:
         if self.once("routing_replay", n, "'routing replay' statement"):
