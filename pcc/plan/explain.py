@@ -90,13 +90,15 @@ def _coverage(plan: Plan) -> list[dict]:
     ops = plan.catalog.operators
     rows: dict[tuple, dict] = {}
     for i, op in enumerate(ops):
-        key = (op.family,) + tuple(plan.scheme_name(comp, i) for comp in COMPONENTS)
+        key = (op.family,) + tuple("-" if op.family == "kv_cache" and comp != "rollout" else plan.scheme_name(comp, i)
+                                   for comp in COMPONENTS)
         row = rows.get(key)
         if row is None:
             rules = {}
             for comp in COMPONENTS:
                 rid = plan.owner[comp][i]
-                rules[comp] = plan.rules[rid].path if rid != DEFAULT else "default"
+                if key[1 + COMPONENTS.index(comp)] != "-":
+                    rules[comp] = plan.rules[rid].path if rid != DEFAULT else "default"
             row = rows[key] = {"family": op.family, "tensors": 0, "schemes": dict(zip(COMPONENTS, key[1:])),
                                "rules": rules, "example": op.tensor}
         row["tensors"] += 1
