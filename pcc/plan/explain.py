@@ -87,22 +87,27 @@ def explain(plan: Plan) -> dict:
 
 
 def _coverage(plan: Plan) -> list[dict]:
+    """One row per (family, rule per component): tensors count, schemes, the rules that chose them."""
     ops = plan.catalog.operators
-    rows: dict[tuple, dict] = {}
-    for i, op in enumerate(ops):
-        key = (op.family,) + tuple("-" if op.family == "kv_cache" and comp != "rollout" else plan.scheme_name(comp, i)
-                                   for comp in COMPONENTS)
-        row = rows.get(key)
-        if row is None:
-            rules = {}
-            for comp in COMPONENTS:
-                rid = plan.owner[comp][i]
-                if key[1 + COMPONENTS.index(comp)] != "-":
-                    rules[comp] = plan.rules[rid].path if rid != DEFAULT else "default"
-            row = rows[key] = {"family": op.family, "tensors": 0, "schemes": dict(zip(COMPONENTS, key[1:])),
-                               "rules": rules, "example": op.tensor}
-        row["tensors"] += 1
-    return list(rows.values())
+    owners = [plan.owner[comp] for comp in COMPONENTS]
+    counts: dict[tuple, list] = {}
+    for i, key in enumerate(zip((op.family for op in ops), *owners)):
+        hit = counts.get(key)
+        if hit is None:
+            counts[key] = [1, ops[i].tensor]
+        else:
+            hit[0] += 1
+    rows = []
+    for (family, *rids), (n, example) in counts.items():
+        schemes, rules = {}, {}
+        for comp, rid in zip(COMPONENTS, rids):
+            if family == "kv_cache" and comp != "rollout":
+                schemes[comp] = "-"
+                continue
+            schemes[comp] = plan.rules[rid].rule.scheme if rid != DEFAULT else "bf16"
+            rules[comp] = plan.rules[rid].path if rid != DEFAULT else "default"
+        rows.append({"family": family, "tensors": n, "schemes": schemes, "rules": rules, "example": example})
+    return rows
 
 
 def _representations(plan: Plan, weights: list[int]) -> list[dict]:
@@ -135,7 +140,13 @@ def _representations(plan: Plan, weights: list[int]) -> list[dict]:
     if real_ops:
         reps.append({"name": "GEMM weight operands (rowwise + columnwise)", "dtype": "per FProp scheme",
                      "bytes": gemm_bytes, "of": f"{real_ops} operators with real low-precision GEMMs"})
-    roll = sum(weight_bytes(plan.scheme("rollout", i), ops[i].shape) for i in weights)
+    sized: dict[tuple, int] = {}
+    roll = 0
+    for i in weights:
+        key = (plan.owner["rollout"][i], ops[i].shape)
+        if key not in sized:
+            sized[key] = weight_bytes(plan.scheme("rollout", i), ops[i].shape)
+        roll += sized[key]
     if lora:
         roll += train_params * 2  # the BF16 adapter rollout holds beside its packed base
     if lora:

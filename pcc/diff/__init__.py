@@ -1,0 +1,41 @@
+"""`pcc diff`: the semantic difference of two contracts (or bundles), from their resolved Plans.
+
+    report = diff("a.prec", "b.prec")      # JSON-ready dict; report["changed"] drives the exit code
+
+compare.py finds what differs (per component and family, settings, trainable set,
+expectations); engines.py lowers both plans and diffs engine arguments;
+consequences.py derives rebuilds, validation levels, baseline and byte deltas;
+render.py prints text, Markdown (a pull-request comment) or JSON. Imports happen
+inside the functions, so registering the command (pcc.diff.cli) costs nothing.
+"""
+
+from __future__ import annotations
+
+ENGINE_TARGETS = ("megatron", "sglang")
+
+__all__ = ["ENGINE_TARGETS", "diff", "diff_plans"]
+
+
+def diff_plans(pa, pb, targets=ENGINE_TARGETS) -> dict:
+    """Diff two resolved Plans; engine arguments only when something semantic changed."""
+    from pcc.diff.compare import compare
+    from pcc.diff.consequences import consequences
+    from pcc.diff.engines import engine_changes
+
+    report = compare(pa, pb)
+    report["engines"] = engine_changes(pa, pb, targets) if report["changed"] else {}
+    report["consequences"] = consequences(report, pa, pb, report["engines"])
+    return report
+
+
+def diff(a: str, b: str, model: str | None = None, targets=ENGINE_TARGETS) -> dict:
+    """Diff two contract files or bundle directories; raises pcc.diff.load.DiffError or CatalogError."""
+    from pcc.diff.load import load_side, model_catalog
+
+    catalog = model_catalog(model) if model else None
+    ca, notes_a = load_side(a, catalog)
+    cb, notes_b = load_side(b, catalog)
+    report = diff_plans(ca.plan, cb.plan, targets)
+    report["a"]["file"], report["b"]["file"] = a, b
+    report["notes"] = notes_a + notes_b
+    return report

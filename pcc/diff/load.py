@@ -1,0 +1,62 @@
+"""Load each side of a diff: a contract (.prec, .yaml or .json, extends resolved) or a
+bundle directory (its contract.prec), optionally against one model for both sides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, load_catalog
+from pcc.plan import Compiled, compile_file
+
+BUNDLE_CONTRACT = "contract.prec"
+BUNDLE_PLAN = "plan.json"
+
+
+class DiffError(Exception):
+    """A side cannot be compared; `compiled` holds its diagnostics when it failed to check."""
+
+    def __init__(self, message: str, compiled: Compiled | None = None):
+        super().__init__(message)
+        self.compiled = compiled
+
+
+def model_catalog(spec: str) -> Catalog:
+    """--model: a checkpoint directory (headers only) or a built-in catalog name."""
+    if Path(spec).is_dir():
+        return catalog_from_checkpoint(spec)
+    if spec in catalog_names():
+        return load_catalog(spec)
+    raise CatalogError(f"--model {spec!r} is neither a checkpoint directory nor a catalog "
+                       f"({', '.join(catalog_names())})")
+
+
+def load_side(path: str, catalog: Catalog | None = None) -> tuple[Compiled, list[str]]:
+    """The checked plan of one side, and notes (e.g. a bundle whose plan.json is stale)."""
+    p = Path(path)
+    bundle = p.is_dir()
+    if bundle:
+        p = p / BUNDLE_CONTRACT
+        if not p.is_file():
+            raise DiffError(f"{path}: a bundle directory holds {BUNDLE_CONTRACT}; none found")
+    elif not p.is_file():
+        raise DiffError(f"{path}: no such contract file or bundle directory")
+    c = compile_file(str(p), catalog)
+    if not c.ok:
+        raise DiffError(f"{path}: the contract has errors", c)
+    return c, _stale(Path(path) / BUNDLE_PLAN, c) if bundle else []
+
+
+def _stale(plan_file: Path, c: Compiled) -> list[str]:
+    """A bundle's plan.json should be what its contract resolves to (same lock hash)."""
+    from pcc.plan.dump import lock_hash, plan_dict
+
+    if not plan_file.is_file():
+        return [f"{plan_file}: missing; the bundle is incomplete"]
+    try:
+        lock = json.loads(plan_file.read_text(encoding="utf-8")).get("lock")
+    except (OSError, ValueError, AttributeError) as exc:
+        return [f"{plan_file}: unreadable ({exc})"]
+    now = lock_hash(plan_dict(c.plan))
+    return [] if lock == now else [f"{plan_file}: lock {lock} but its contract resolves to {now}: "
+                                   "the bundle is stale; the diff uses the contract"]

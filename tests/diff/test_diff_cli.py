@@ -1,0 +1,111 @@
+"""`pcc diff` as a user and CI meet it: exit codes, formats, bundles, errors, engine arguments."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pcc.lower
+from pcc.cli import main
+from pcc.diff import diff_plans
+from pcc.diff.engines import flags
+from pcc.lower import Lowered
+from pcc.plan import compile_file
+from pcc.plan.dump import plan_json
+
+PAIRS = Path(__file__).resolve().parent / "pairs"
+A, REORDERED, KV = (str(PAIRS / n) for n in ("tiny_a.prec", "tiny_reordered.yaml", "tiny_attn_kv.prec"))
+
+
+def test_exit_codes_and_text(capsys):
+    assert main(["diff", A, REORDERED]) == 0
+    assert "no semantic change" in capsys.readouterr().out
+    assert main(["diff", A, KV]) == 1
+    out = capsys.readouterr().out
+    assert "attn.kv" in out and "validation levels to re-run" in out
+
+
+def test_json_and_markdown(capsys):
+    assert main(["diff", A, KV, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["changed"] and report["components"]["rollout"][0]["family"] == "attn.kv"
+    assert main(["diff", A, KV, "--format", "markdown"]) == 1
+    md = capsys.readouterr().out
+    assert md.startswith("### pcc diff:")
+    assert "| family | change | A | B | tensors | layers | example |" in md
+    assert "- [ ] 4. fixed-prefix scoring" in md and "<details><summary>decided by</summary>" in md
+
+
+def test_contract_with_errors_exits_2_with_its_diagnostics(tmp_path, capsys):
+    bad = tmp_path / "bad.prec"
+    bad.write_text(Path(A).read_text().replace("experts.* : fp8_row", "experts.* : fp8_rwo"))
+    assert main(["diff", A, str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "PCC202" in err and "fp8_rwo" in err
+    assert main(["diff", A, str(tmp_path / "missing.prec")]) == 2
+    assert "no such contract file" in capsys.readouterr().err
+    assert main(["diff", A, A, "--model", "no_such_model"]) == 2
+
+
+def test_model_override_resolves_both_sides_on_one_catalog(capsys):
+    assert main(["diff", A, KV, "--model", "tiny_moe", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["b"]["name"] == "tiny_moe"
+
+
+def test_bundle_directory(tmp_path, capsys):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.copy(A, bundle / "contract.prec")
+    (bundle / "plan.json").write_text(plan_json(compile_file(A).plan))
+    assert main(["diff", str(bundle), A]) == 0
+    assert "note:" not in capsys.readouterr().out
+    (bundle / "plan.json").write_text(json.dumps({"lock": "sha256:0"}))
+    assert main(["diff", str(bundle), KV]) == 1
+    assert "the bundle is stale" in capsys.readouterr().out
+    assert main(["diff", str(tmp_path), A]) == 2  # a folder without contract.prec
+
+
+@pytest.fixture
+def fake_target():
+    """A tiny engine target: one flag per rollout scheme in use, plus an env and a file."""
+    name = "diff_test_engine"
+
+    def lower_fake(plan) -> Lowered:
+        used = sorted({plan.scheme_name("rollout", i) for i in range(len(plan.catalog.operators))})
+        tp = str(plan.contract.rollout.parallel.tp)
+        return Lowered(name, args=["--quantization", ",".join(used), "--tp-size", tp],
+                       env={"FAKE_SCHEMES": str(len(used))}, files={"precision.yaml": "\n".join(used)})
+
+    pcc.lower.target(name)(lower_fake)
+    yield name
+    pcc.lower._TARGETS.pop(name)
+
+
+def test_engine_arguments_through_a_registered_target(fake_target):
+    pa, pb = compile_file(A).plan, compile_file(KV).plan
+    r = diff_plans(pa, pb, targets=(fake_target, "no_such_target"))
+    e = r["engines"][fake_target]
+    assert e["available"] and e["args"] == []  # same schemes in use on both sides, same tp
+    assert r["engines"]["no_such_target"]["available"] is False
+    assert "no_such_target" in r["engines"]["no_such_target"]["note"]
+    pc = compile_file(str(PAIRS / "tiny_reordered.yaml")).plan  # no semantic change: nothing is lowered
+    assert diff_plans(pa, pc, targets=(fake_target,))["engines"] == {}
+
+
+def test_engine_argument_changes(fake_target, tmp_path):
+    b = tmp_path / "b.prec"
+    b.write_text(Path(A).read_text().replace("experts.* : fp8_row", "experts.* : fp8_tensor")
+                 .replace("norm\n  }", "norm\n    parallel tp 2\n  }", 1))
+    r = diff_plans(compile_file(A).plan, compile_file(str(b)).plan, targets=(fake_target,))
+    e = r["engines"][fake_target]
+    assert {c["field"]: (c["from"], c["to"]) for c in e["args"]} == {
+        "--quantization": ("bf16,fp8_block,fp8_row", "bf16,fp8_block,fp8_tensor"), "--tp-size": ("1", "2")}
+    assert e["env"] == [] and e["files"] == [{"path": "precision.yaml", "change": "changed"}]
+
+
+def test_flags_parsing():
+    assert flags(["--bf16", "--fp8-format", "e4m3", "--lora-target-modules", "q_proj", "o_proj", "--x=1"]) == {
+        "--bf16": "", "--fp8-format": "e4m3", "--lora-target-modules": "q_proj o_proj", "--x": "1"}
