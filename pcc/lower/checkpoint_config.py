@@ -1,0 +1,159 @@
+"""The `quantization_config` a rollout checkpoint carries, in the form SGLang's loaders read.
+
+One rollout format per checkpoint (SGLang picks one quantization method per model);
+the KV cache is separate. Loaders matched (sgl-project/sglang, python/sglang/srt/layers/quantization/):
+  fp8 / mxfp8  -> fp8.py `Fp8Config.from_config` (quant_method "fp8" or "mxfp8";
+                  activation_scheme required; `modules_to_not_convert`)
+  mxfp4        -> mxfp4.py `Mxfp4Config` (gpt-oss layout, routed experts only)
+  nvfp4        -> modelopt_quant.py `ModelOptFp4Config.from_config` (flat form reads `ignore`)
+  int4 W4A16   -> compressed_tensors/compressed_tensors.py (format "pack-quantized")
+Torch-free: `pcc compile` imports this.
+"""
+
+from __future__ import annotations
+
+from pcc.contract.model import SchemeSpec
+from pcc.plan import Plan
+
+# Families whose wide tensors are not linear modules any loader would quantize.
+_NOT_MODULES = ("norm", "kv_cache")
+
+
+class LayoutError(ValueError):
+    """The plan's rollout side has no single SGLang checkpoint layout."""
+
+
+def layout_of(spec: SchemeSpec) -> str:
+    """The checkpoint layout of one rollout weight scheme."""
+    f, w = spec.format, spec.weights
+    if spec.wide:
+        return "wide"
+    if f == "fp8_e4m3" and w is not None and w.kind == "block":
+        return "fp8_block"
+    if f == "fp8_e4m3" and w is not None and w.kind == "tensor":
+        return "fp8_tensor"
+    if f in ("mxfp8", "mxfp4", "nvfp4"):
+        return f
+    if f == "int4" and w is not None and w.kind == "group":
+        return "int4"
+    raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{f}' grouped '{w.text() if w else None}' "
+                      "(supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, int4 group)")
+
+
+def rollout_layout(plan: Plan) -> str:
+    """The one quantized layout of the plan's rollout weights, or "wide"."""
+    ops = plan.catalog.operators
+    found = set()
+    for rid, idx in plan.groups["rollout"]:
+        spec = plan.scheme("rollout", idx[0])
+        if not spec.wide and any(ops[i].family != "kv_cache" for i in idx):
+            found.add(layout_of(spec))
+    if len(found) > 1:
+        raise LayoutError(f"rollout mixes {', '.join(sorted(found))}: one SGLang checkpoint holds one format")
+    return found.pop() if found else "wide"
+
+
+def wide_mask(plan: Plan) -> list[bool]:
+    """Per operator: does rollout keep it wide?"""
+    wide = {rid: plan.scheme("rollout", idx[0]).wide for rid, idx in plan.groups["rollout"]}
+    return [wide[rid] for rid in plan.owner["rollout"]]
+
+
+def skip_list(plan: Plan) -> list[str]:
+    """Module names (tensor name without '.weight') of the linear operators rollout keeps wide,
+    plus SGLang's fused-MoE prefix `model.layers.N.mlp.experts` for layers whose routed experts
+    are all wide (the loader asks about that prefix, not about each expert)."""
+    ops, layout = plan.catalog.operators, rollout_layout(plan)
+    names, expert_layers = [], {}
+    for op, wide in zip(ops, wide_mask(plan)):
+        if op.family.startswith("experts."):
+            expert_layers.setdefault(op.layer, set()).add(wide)
+        if wide and op.family not in _NOT_MODULES and op.tensor.endswith(".weight"):
+            names.append(op.tensor[: -len(".weight")])
+    for layer, kinds in sorted(expert_layers.items()):
+        if kinds == {True, False}:
+            raise LayoutError(f"layer {layer} keeps some routed experts wide and quantizes others: "
+                              "SGLang's fused MoE layer takes one format for all its experts")
+        if kinds == {True} and layout == "mxfp4":
+            raise LayoutError(f"layer {layer} keeps its routed experts wide, but SGLang's mxfp4 method "
+                              "quantizes every fused MoE layer")
+        if kinds == {True} and layout != "wide":
+            names.append(_experts_prefix(plan, layer))
+    return names
+
+
+def _experts_prefix(plan: Plan, layer: int) -> str:
+    for op in plan.catalog.operators:
+        if op.layer == layer and op.family.startswith("experts."):
+            return op.tensor.split(".experts.")[0] + ".experts"
+    raise LayoutError(f"layer {layer} has no routed experts")
+
+
+def kv_cache_algo(plan: Plan) -> str | None:
+    """"FP8" when rollout stores the KV cache in FP8 E4M3, else None (ModelOpt's names)."""
+    ops = plan.catalog.operators
+    fmts = {plan.scheme("rollout", idx[0]).format for rid, idx in plan.groups["rollout"]
+            if any(ops[i].family == "kv_cache" for i in idx)}
+    if fmts == {"fp8_e4m3"}:
+        return "FP8"
+    if fmts == {"nvfp4"}:
+        return "NVFP4"
+    return None
+
+
+def rollout_scheme(plan: Plan) -> SchemeSpec | None:
+    """The quantized weight scheme of rollout (the one `rollout_layout` names)."""
+    ops = plan.catalog.operators
+    for rid, idx in plan.groups["rollout"]:
+        spec = plan.scheme("rollout", idx[0])
+        if not spec.wide and any(ops[i].family != "kv_cache" for i in idx):
+            return spec
+    return None
+
+
+def quantization_config(plan: Plan) -> dict | None:
+    """config.json's `quantization_config` for the rollout checkpoint; None when rollout is wide."""
+    layout = rollout_layout(plan)
+    if layout == "wide":
+        return None
+    spec, skip, kv = rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan)
+    if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
+        cfg = {"quant_method": "mxfp8" if layout == "mxfp8" else "fp8", "activation_scheme": "dynamic",
+               "modules_to_not_convert": skip}
+        if layout == "fp8_block":
+            cfg["weight_block_size"] = [spec.weights.rows, spec.weights.cols]
+            if spec.scale == "pow2":
+                cfg["scale_fmt"] = "ue8m0"
+        elif layout == "mxfp8":
+            cfg["weight_block_size"] = [1, 32]
+        if kv:
+            cfg["kv_cache_quant_algo"] = kv
+        return cfg
+    if layout == "mxfp4":
+        return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
+    if layout == "nvfp4":
+        # The flat config.json form: SGLang reads exclusions from `ignore`; `exclude_modules`
+        # is the same list under the name of ModelOpt's hf_quant_config.json.
+        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                "kv_cache_quant_algo": kv, "ignore": skip, "exclude_modules": skip}
+    return _compressed_tensors_int4(spec, skip)
+
+
+def _compressed_tensors_int4(spec: SchemeSpec, skip: list[str]) -> dict:
+    """compressed-tensors' QuantizationConfig, as its own model_dump() writes it."""
+    weights = {"num_bits": 4, "type": "int", "symmetric": spec.symmetric, "group_size": spec.weights.size,
+               "strategy": "group", "dynamic": False}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None,
+             "format": None}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": group}, "kv_cache_scheme": None, "global_compression_ratio": None,
+            "ignore": skip, "moe_sparsity_config": None}
+
+
+def hf_quant_config(plan: Plan) -> dict | None:
+    """ModelOpt's separate hf_quant_config.json (nested form), written beside NVFP4 checkpoints."""
+    if rollout_layout(plan) != "nvfp4":
+        return None
+    return {"producer": {"name": "pcc"},
+            "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": kv_cache_algo(plan),
+                             "exclude_modules": skip_list(plan)}}

@@ -1,0 +1,288 @@
+"""Plan -> Megatron + Transformer Engine trainer arguments, environment and precision file.
+
+Pure function of the Plan. Tables live in targets/megatron.yaml; the engine's own
+parser checks the result in pcc/lower/verify_megatron.py. Contradictions the
+checker reports (PCC303-PCC309) never reach here; what Megatron cannot express at
+all raises LoweringError naming the operator or rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from collections import defaultdict
+
+import yaml
+
+from pcc.contract.model import SchemeSpec
+from pcc.lower import Lowered, target
+from pcc.plan import Plan
+from pcc.plan.checks import fp8_recipe
+from pcc.resources import data_dir
+
+TE_FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+PRECISION_FILE = "trainer/te_precision.yaml"
+
+
+class LoweringError(ValueError):
+    """The plan asks for something the Megatron target cannot express."""
+
+
+@functools.cache
+def tables() -> dict:
+    with open(data_dir("targets") / "megatron.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def _spec(plan: Plan, comp: str, i: int) -> tuple[SchemeSpec, str]:
+    """(scheme, gemm kind) of operator i in component comp."""
+    rid = plan.owner[comp][i]
+    spec = plan.scheme(comp, i)
+    return spec, ("wide" if spec.wide or rid < 0 else plan.rules[rid].gemm(spec))
+
+
+def _te_recipe(spec: SchemeSpec) -> str:
+    if spec.format == "nvfp4":
+        return "nvfp4"
+    if spec.format == "mxfp8":
+        return "mxfp8"
+    if spec.amax == "delayed":
+        return "delayed"
+    return "blockwise" if spec.weights and spec.weights.kind == "block" else "tensorwise"
+
+
+def _operator_modes(plan: Plan, notes: list[str]) -> dict[int, tuple[str, str | None]]:
+    """op index -> (TE recipe, backward_override) for trainer operators a TE recipe covers."""
+    ops, modes, qdq_seen = plan.catalog.operators, {}, False
+    for i, op in enumerate(ops):
+        if op.family == "kv_cache":
+            continue
+        f, fk = _spec(plan, "fprop", i)
+        (d, dk), (w, wk) = _spec(plan, "dgrad", i), _spec(plan, "wgrad", i)
+        if fk == "wide" or f.format not in TE_FORMATS:
+            if dk != "wide" or wk != "wide":
+                if d.format in TE_FORMATS or w.format in TE_FORMATS:
+                    raise LoweringError(f"{op.tensor}: quantized DGrad/WGrad with a wide FProp has no TE recipe")
+            continue
+        if op.family in tables()["always_wide"]:
+            raise LoweringError(f"{op.tensor}: Megatron keeps {op.family} wide; a {f.format} trainer GEMM "
+                                "there cannot be honoured")
+        qdq_seen |= "qdq" in (fk, dk, wk)
+        recipe = _te_recipe(f)
+        if dk == wk == "wide":
+            modes[i] = (recipe, tables()["wide_backward_override"])
+        elif dk != "wide" and wk != "wide" and {_te_recipe(d), _te_recipe(w)} == {recipe}:
+            modes[i] = (recipe, None)
+        else:
+            raise LoweringError(f"{op.tensor}: FProp {f.format}, DGrad {d.format}, WGrad {w.format} mix recipes; "
+                                "Transformer Engine runs one recipe per module (or a wide backward)")
+    if qdq_seen:
+        notes.append("Megatron has no FP8/FP4 fake-quantization path: 'qdq' trainer GEMMs run as TE's real "
+                     "GEMMs of the same recipe, which see the same quantized operand values (only the "
+                     "accumulation inside the tensor-core GEMM differs from QDQ into a BF16 GEMM).")
+    return modes
+
+
+def _module_paths(plan: Plan, i: int) -> list[str]:
+    op = plan.catalog.operators[i]
+    return [f"decoder.layers.{op.layer}.{m}" for m in tables()["modules"].get(op.family, [])]
+
+
+def _module_modes(plan: Plan, modes: dict) -> dict[str, tuple[str, str | None] | None]:
+    """Megatron module path -> mode (None = BF16); every operator sharing a module must agree."""
+    out: dict[str, tuple] = {}
+    owner: dict[str, str] = {}
+    for i, op in enumerate(plan.catalog.operators):
+        for path in _module_paths(plan, i):
+            mode = modes.get(i)
+            if path in out and out[path] != mode:
+                raise LoweringError(f"{op.tensor} and {owner[path]} share Megatron module {path} but differ in "
+                                    "trainer precision (fused or grouped GEMMs run one recipe)")
+            out[path], owner[path] = mode, op.tensor
+    return out
+
+
+def _first_last(plan: Plan, by_module: dict, mode) -> tuple[int, int] | None:
+    """(start, end) when the wide modules are exactly whole first/last layers."""
+    n = plan.catalog.num_layers
+    layers = defaultdict(set)
+    for path, m in by_module.items():
+        layers[int(path.split(".")[2])].add(m)
+    wide = [layer for layer in range(n) if layers.get(layer) == {None}]
+    if any(layers.get(layer) not in ({None}, {mode}) for layer in range(n)):
+        return None
+    start = next((k for k in range(n) if k not in wide), n)
+    end = next((k for k in range(n) if n - 1 - k not in wide), n)
+    if start + end == len(wide) and 0 < len(wide) < n:
+        return start, end
+    return None
+
+
+def _precision_file(by_module: dict, plan: Plan) -> str:
+    """Named TE configs + ordered glob matchers (first match wins), one matcher per quantized
+    module, then a catch-all BF16 entry; megatron.core.quantization.quant_config reads it."""
+    if plan.contract.trainer.parallel.pp > 1:
+        raise LoweringError("a per-module precision file names layers by their number inside a pipeline "
+                            "stage; lower with 'parallel pp 1' or keep one precision for all layers")
+    configs, matchers = {}, {}
+    for path, mode in sorted(by_module.items(), key=lambda kv: _layer_key(kv[0])):
+        if mode is None:
+            continue
+        recipe, backward = mode
+        name = recipe + ("_bwd_" + backward if backward else "")
+        key = "fp4_quantization_recipe" if recipe == "nvfp4" else "fp8_quantization_recipe"
+        configs[name] = {"transformer_engine_config_type": "TEQuantizationParams",
+                         "training_recipe": {key: recipe}}
+        matchers[path.replace(".", "_").replace("*", "x")] = {
+            "config": name, "type": "glob", "pattern": "*" + path, "enabled": True}
+    configs["bf16"] = {"transformer_engine_config_type": "TEQuantizationParams", "training_recipe": {}}
+    matchers["default_bf16"] = {"config": "bf16", "type": "glob", "pattern": "*", "enabled": True}
+    head = "# Generated by pcc from the resolved plan: every quantized module by name; all else BF16.\n"
+    return head + yaml.safe_dump({"configs": configs, "matchers": matchers}, sort_keys=False)
+
+
+def _layer_key(path: str) -> tuple[int, str]:
+    return int(path.split(".")[2]), path
+
+
+def _arch(plan: Plan) -> int:
+    """CUDA compute-capability major of the trainer hardware (0 when not a known GPU)."""
+    from pcc.plan.capabilities import hardware_table
+    from pcc.plan.checks import hardware_of
+
+    arch = hardware_table().get(hardware_of(plan, "trainer") or "", {}).get("arch")
+    return tables()["compute_capability"].get(arch, 0)
+
+
+def _int4_group(plan: Plan, notes: list[str]) -> int | None:
+    """Group size for INT4 fake QAT, from the rollout scheme of the operators the trainer fake-quantizes."""
+    ops = [i for i in range(len(plan.catalog.operators))
+           if _spec(plan, "fprop", i)[0].format == "int4" and _spec(plan, "fprop", i)[1] == "qdq"]
+    if not ops:
+        return None
+    roll = {g.size for i in ops if (s := plan.scheme("rollout", i)).format == "int4" and (g := s.weights)}
+    source = "the rollout checkpoint's INT4 scheme"
+    if not roll:
+        roll = {plan.scheme("fprop", i).weights.size for i in ops}
+        source = "the trainer FProp scheme (rollout does not run INT4 here)"
+    if len(roll) != 1 or None in roll:
+        raise LoweringError(f"INT4 fake QAT takes one group size; the plan has {sorted(map(str, roll))}")
+    size = roll.pop()
+    notes.append(f"OPEN_TRAINING_INT4_GROUP_SIZE={size} comes from {source}, so trainer QAT and the "
+                 "rollout checkpoint cannot drift (the 32-vs-128 launcher bug).")
+    return size
+
+
+@target("megatron")
+def lower_megatron(plan: Plan) -> Lowered:
+    t, cat = plan.contract.trainer, plan.catalog
+    tab = tables()
+    if t.engine != "megatron":
+        raise LoweringError(f"trainer engine is '{t.engine}', not megatron")
+    out = Lowered("megatron")
+    args, env, notes = out.args, out.env, out.notes
+    if t.params in ("bf16", "fp8"):
+        args.append("--bf16")
+    elif t.params == "fp16":
+        args.append("--fp16")
+    args += ["--transformer-impl", t.impl]
+
+    modes = _operator_modes(plan, notes)
+    recipes = {m[0] for m in modes.values()}
+    if len(recipes) > 1:
+        raise LoweringError(f"one trainer recipe at a time; the plan asks for {', '.join(sorted(recipes))}")
+    if recipes and t.impl != "transformer_engine":
+        raise LoweringError("quantized trainer GEMMs need 'impl transformer_engine'")
+    by_module = _module_modes(plan, modes)
+    if recipes:
+        recipe = recipes.pop()
+        if recipe == "nvfp4":
+            args += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+        else:
+            if fp8_recipe(plan) not in (None, recipe):  # None: only QDQ GEMMs, which the checker skips
+                raise LoweringError(f"trainer recipes disagree: {recipe} vs {fp8_recipe(plan)}")
+            grads = {_spec(plan, c, i)[0].format for i in modes for c in ("dgrad", "wgrad")}
+            hybrid = "fp8_e5m2" in grads
+            args += ["--fp8-format", "hybrid" if hybrid else "e4m3", "--fp8-recipe", recipe]
+            if hybrid:
+                notes.append("--fp8-format hybrid: gradients are E5M2, FProp operands E4M3.")
+        mode_set = {m for m in by_module.values() if m is not None}
+        backward = {m[1] for m in mode_set}
+        uniform = set(by_module.values()) == mode_set
+        if len(backward) > 1:
+            raise LoweringError("NVTE_BACKWARD_OVERRIDE is global: some quantized modules have a wide "
+                                "backward and others a quantized one")
+        if b := backward.pop():
+            env["NVTE_BACKWARD_OVERRIDE"] = b
+            notes.append(f"NVTE_BACKWARD_OVERRIDE={b}: DGrad and WGrad are wide in the plan and use the "
+                         "original operands, so TE keeps them for a BF16 backward.")
+        fl = None if uniform else _first_last(plan, by_module, next(iter(mode_set)))
+        if fl:
+            args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(fl[0]),
+                     "--num-layers-at-end-in-bf16", str(fl[1])]
+            notes.append(f"--first-last-layers-bf16: the plan keeps the first {fl[0]} and last {fl[1]} "
+                         "layers wide and every other TE module on the recipe.")
+        elif not uniform:
+            out.files[PRECISION_FILE] = _precision_file(by_module, plan)
+            args += ["--te-precision-config-file", PRECISION_FILE]
+            n = sum(m is not None for m in by_module.values())
+            notes.append(f"--te-precision-config-file: {n} Megatron modules run {recipe}, all others BF16; "
+                         "module names are explicit (one glob per module, first match wins).")
+        for var, rule in tab["recipe_env"].get(recipe, {}).items():
+            scales = {plan.scheme("fprop", i).scale for i in modes}
+            if scales == {rule["when_scale"]}:
+                env[var] = rule["value"]
+                notes.append(f"{var}={rule['value']}: the plan's {recipe} scales are {rule['when_scale']}, "
+                             "not TE's default powers of two.")
+
+    group = _int4_group(plan, notes)
+    if group:
+        env[tab["int4_qat_env"]["flag"]] = "1"
+        env[tab["int4_qat_env"]["group_size"]] = str(group)
+
+    if t.param_gather == "fp8":
+        args.append("--fp8-param-gather")
+    elif t.param_gather != "bf16":
+        raise LoweringError(f"Megatron all-gathers parameters in bf16 or fp8, not {t.param_gather}")
+    if t.params == "fp8" and t.param_gather != "fp8":
+        raise LoweringError("fp8 parameters in Megatron are the FP8 parameter all-gather: "
+                            "write 'param_gather fp8'")
+
+    opt = t.optimizer
+    args += ["--optimizer", opt.kind]
+    if opt.distributed:
+        args.append("--use-distributed-optimizer")
+    if opt.precision_aware:
+        args.append("--use-precision-aware-optimizer")
+    if opt.offload:
+        args.append("--optimizer-cpu-offload")
+    for flag, table, value in (("--main-params-dtype", "main_params_dtype", t.master),
+                               ("--exp-avg-dtype", "moments_dtype", t.moments),
+                               ("--exp-avg-sq-dtype", "moments_dtype", t.moments),
+                               ("--main-grads-dtype", "main_grads_dtype", t.grads)):
+        if value not in tab[table]:
+            raise LoweringError(f"Megatron has no {flag} {value} (choices: {', '.join(tab[table])})")
+        args += [flag, tab[table][value]]
+
+    if cat.is_moe:
+        args += ["--moe-router-dtype", "fp32"]
+        notes.append("--moe-router-dtype fp32: router logits and top-k in FP32 keep expert choices stable "
+                     "across steps and close to rollout's (routing replay compares them).")
+    if plan.contract.rollout.deterministic:
+        notes.append("no --deterministic-mode: rollout determinism is an SGLang setting; Megatron's flag "
+                     "would slow every trainer kernel without changing what rollout samples.")
+    p = t.parallel
+    args += ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
+             "--expert-model-parallel-size", str(p.ep)]
+    if cat.is_moe:
+        args += ["--expert-tensor-parallel-size", "1"]
+        notes.append("--expert-tensor-parallel-size 1: routed experts are split across EP ranks, not cut by TP "
+                     "(Megatron's default ETP=TP would multiply the expert group to TP x EP GPUs).")
+    if p.tp > 1 and _arch(plan) < 10:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron requires it for TP > 1 before Blackwell "
+                     "(communication/compute overlap ordering).")
+
+    out.files["trainer/args.txt"] = "".join(a + "\n" for a in args)
+    out.files["trainer/env.sh"] = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    return out

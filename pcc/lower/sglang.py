@@ -1,0 +1,202 @@
+"""Plan -> SGLang server arguments, a standalone launch script and the checkpoint's quantization_config.
+
+The flag tables live in targets/sglang.yaml; `pcc.lower.verify_sglang` runs the result
+through SGLang's own ServerArgs parser. What the parser does not check and a plan can get
+wrong (LoRA target scopes SGLang cannot express, MoE LoRA on an expert base SGLang's MoE
+LoRA runner rejects, routed experts on a dense model) raises LoweringError here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+
+import yaml
+
+from pcc.lower import Lowered, target
+from pcc.lower.checkpoint_config import quantization_config, rollout_layout
+from pcc.plan import Plan
+from pcc.plan.checks import hardware_of
+from pcc.resources import data_dir
+
+LAUNCH = "rollout/launch_server.sh"
+ARGS_FILE = "rollout/server_args.txt"
+QUANT_FILE = "rollout/quantization_config.json"
+
+
+class LoweringError(ValueError):
+    """The plan asks for something SGLang cannot run as stated."""
+
+
+@functools.lru_cache(maxsize=1)
+def tables() -> dict:
+    return yaml.safe_load((data_dir("targets") / "sglang.yaml").read_text(encoding="utf-8"))
+
+
+def _leaf(tensor: str) -> str:
+    """HF tensor name -> module leaf ("model.layers.3.self_attn.q_proj.weight" -> "q_proj")."""
+    return tensor.rsplit(".", 2)[-2]
+
+
+def _kv_cache_dtype(plan: Plan) -> str:
+    ops = plan.catalog.operators
+    fmts = {plan.scheme("rollout", idx[0]).format for _, idx in plan.groups["rollout"]
+            if any(ops[i].family == "kv_cache" for i in idx)}
+    if len(fmts) > 1:
+        raise LoweringError(f"SGLang stores the whole KV cache in one dtype; the plan asks for {sorted(fmts)}")
+    fmt = fmts.pop() if fmts else "bf16"
+    table = tables()["kv_cache_dtype"]
+    if fmt not in table:
+        raise LoweringError(f"SGLang has no {fmt} KV cache (known: {', '.join(table)})")
+    return table[fmt]
+
+
+def _expert_layout(plan: Plan) -> str:
+    """The layout SGLang's fused MoE layers hold their routed experts in."""
+    ops = plan.catalog.operators
+    for i, op in enumerate(ops):
+        if op.family.startswith("experts."):
+            spec = plan.scheme("rollout", i)
+            return "wide" if spec.wide else rollout_layout(plan)
+    return "wide"
+
+
+def _lora(plan: Plan, notes: list[str]) -> list[str]:
+    """LoRA target names from the adapter's operators, refused where SGLang would not apply them as stated."""
+    t, tab, ops = plan.contract.trainable, tables(), plan.catalog.operators
+    names, families = set(), set()
+    for i in plan.trainable:
+        op, leaf = ops[i], _leaf(ops[i].tensor)
+        if leaf not in tab["lora_modules"].get(op.family, ()):
+            raise LoweringError(f"{op.tensor}: SGLang has no LoRA target for {op.family} module '{leaf}' "
+                                f"(targets per family: targets/sglang.yaml lora_modules)")
+        names.add(leaf)
+        families.add(op.family)
+    fused = {tab["lora_fused"].get(n, n) for n in names}
+    moe_wrapped = plan.catalog.is_moe and {"gate_up_proj", "down_proj"} <= fused
+    if families & {"experts.gate_up", "experts.down"} and not moe_wrapped:
+        raise LoweringError("SGLang puts LoRA on routed experts only when the targets hold both gate/up and "
+                            "down projections: target experts.gate_up and experts.down together")
+    if moe_wrapped:
+        base = _expert_layout(plan)
+        if base not in tab["moe_lora_bases"]:
+            raise LoweringError(f"the LoRA targets put LoRA on SGLang's fused MoE layers, whose routed experts "
+                                f"are {base}; SGLang's MoE LoRA runs on {', '.join(tab['moe_lora_bases'])} "
+                                "expert bases only (lora/moe/runner.py)")
+    # SGLang selects modules by (fused) leaf name in every layer: name what it covers beyond the plan.
+    trained = set(plan.trainable)
+    extra = [i for i, op in enumerate(ops) if i not in trained and op.family in tab["lora_modules"]
+             and tab["lora_fused"].get(_leaf(op.tensor), _leaf(op.tensor)) in fused
+             and (moe_wrapped or not op.family.startswith("experts."))]
+    if extra:
+        shown = ", ".join(ops[i].tensor for i in extra[:3])
+        notes.append(f"SGLang applies LoRA by module name in every layer (q/k/v and gate/up fused): it also "
+                     f"wraps {len(extra)} operator(s) the adapter does not train ({shown}...); their adapter "
+                     "slices are absent and stay zero")
+    notes.append(f"LoRA: rank {t.rank} is the contract's; target modules {', '.join(sorted(names))} are the leaf "
+                 f"names of the {len(plan.trainable)} adapter operators ({', '.join(sorted(families))})")
+    if _expert_layout(plan) == "mxfp4" and not moe_wrapped:
+        notes.append("LoRA with an MXFP4 base: SGLang's MXFP4 method quantizes only the fused MoE layers, so "
+                     "the attention the adapter targets stays BF16 and takes LoRA as usual; LoRA on the MXFP4 "
+                     "experts themselves is refused (Mxfp4MoEMethod has no MoE LoRA runner)")
+    return ["--enable-lora", "--max-lora-rank", str(t.rank), "--lora-target-modules", *sorted(names)]
+
+
+@target("sglang")
+def lower_sglang(plan: Plan) -> Lowered:
+    c, tab = plan.contract, tables()
+    if c.rollout.engine != "sglang":
+        raise LoweringError(f"rollout engine is '{c.rollout.engine}', not sglang")
+    notes: list[str] = []
+    layout = rollout_layout(plan)
+    args = ["--dtype", "bfloat16"]
+    notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
+    if layout != "wide":
+        args += ["--quantization", tab["quantization"][layout]]
+        notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}. The checkpoint's "
+                     "quantization_config names it too; passing it anyway makes SGLang refuse a checkpoint whose "
+                     "config names another method, and the launch script refuses one that names none (where "
+                     "SGLang would quantize a BF16 checkpoint online, in a layout other than the contract's)")
+    kv = _kv_cache_dtype(plan)
+    args += ["--kv-cache-dtype", kv]
+    if kv != "auto":
+        notes.append(f"--kv-cache-dtype {kv}: the rollout kv_cache rule; scales come from the checkpoint when "
+                     "it carries them, else SGLang uses 1.0")
+    par = c.rollout.parallel
+    args += ["--tp-size", str(par.tp), "--ep-size", str(par.ep), "--dp-size", str(par.dp)]
+    if par.pp > 1:
+        args += ["--pp-size", str(par.pp)]
+    if hardware_of(plan, "rollout") == "cpu":
+        args += ["--device", "cpu"]
+        notes.append("--device cpu: the contract's rollout hardware is cpu")
+    if c.rollout.deterministic:
+        args.append("--enable-deterministic-inference")
+        notes.append("--enable-deterministic-inference: the contract asks for a deterministic rollout "
+                     "(batch-invariant kernels; slower)")
+    if c.routing_replay == "r3" or "experts" in c.rollout.record:
+        if not plan.catalog.is_moe:
+            raise LoweringError(f"'{plan.catalog.name}' is a dense model: there are no routed experts to return")
+        args.append("--enable-return-routed-experts")
+        notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
+                     "was routed to in rollout")
+    args += ["--weight-version", tab["initial_weight_version"]]
+    notes.append(f"--weight-version {tab['initial_weight_version']}: the checkpoint is version "
+                 f"{tab['initial_weight_version']}; every sync raises it, so samples carry the version they came from")
+    if c.trainable.kind == "lora":
+        args += _lora(plan, notes)
+    files = {ARGS_FILE: "".join(a + "\n" for a in args),
+             LAUNCH: launch_script(args, tab["checkpoint_quant_method"].get(layout), c.trainable.kind == "lora")}
+    qcfg = quantization_config(plan)
+    if qcfg is not None:
+        files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
+    return Lowered("sglang", args=args, files=files, notes=notes)
+
+
+def launch_script(args: list[str], quant_method: str | None, lora: bool) -> str:
+    """A standalone launcher: paths come from the environment, every value is shell-quoted."""
+    q = shlex.quote
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Generated by pcc: the SGLang rollout server for this contract.",
+        "set -euo pipefail",
+        '# Default: checkpoint/ beside this script (the bundle\'s rollout/checkpoint).',
+        'PCC_ROLLOUT_CHECKPOINT="${PCC_ROLLOUT_CHECKPOINT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/checkpoint}"',
+        'if [ ! -d "$PCC_ROLLOUT_CHECKPOINT" ]; then',
+        '  echo "launch_server.sh: rollout checkpoint \'$PCC_ROLLOUT_CHECKPOINT\' does not exist'
+        ' (set PCC_ROLLOUT_CHECKPOINT)" >&2',
+        "  exit 1",
+        "fi",
+    ]
+    if quant_method:
+        pattern = f'"quant_method"[[:space:]]*:[[:space:]]*"{quant_method}"'
+        lines += [
+            f"if ! grep -Eqs {q(pattern)} \"$PCC_ROLLOUT_CHECKPOINT\"/config.json "
+            f"\"$PCC_ROLLOUT_CHECKPOINT\"/hf_quant_config.json; then",
+            f"  echo \"launch_server.sh: $PCC_ROLLOUT_CHECKPOINT/config.json does not say quant_method "
+            f"{quant_method}: not the rollout checkpoint this contract builds\" >&2",
+            "  exit 1",
+            "fi",
+        ]
+    lines.append('extra=()')
+    if lora:
+        name = tables()["adapter_name"]
+        lines += [
+            'if [ -n "${PCC_ADAPTER:-}" ]; then',
+            '  if [ ! -d "$PCC_ADAPTER" ]; then',
+            '    echo "launch_server.sh: adapter \'$PCC_ADAPTER\' does not exist (unset PCC_ADAPTER to start '
+            'without one)" >&2',
+            "    exit 1",
+            "  fi",
+            f'  extra=(--lora-paths {q(name + "=")}"$PCC_ADAPTER")',
+            "fi",
+        ]
+    groups: list[list[str]] = []
+    for a in args:  # one flag and its values per line
+        if a.startswith("--") or not groups:
+            groups.append([])
+        groups[-1].append(q(a))
+    body = " \\\n  ".join(" ".join(g) for g in groups)
+    lines.append(f'exec python -m sglang.launch_server --model-path "$PCC_ROLLOUT_CHECKPOINT" \\\n  {body} \\\n'
+                 f'  ${{extra[@]+"${{extra[@]}}"}} "$@"')
+    return "\n".join(lines) + "\n"
