@@ -169,6 +169,9 @@ def sglang_mxfp4_scope(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     t = plan.contract.trainer
     real = trainer_fp_formats(plan)
+    if t.engine == "megatron" and t.impl == "local":
+        real |= {s.format for comp in ("fprop", "dgrad", "wgrad") for _, s, _ in used(plan, comp)
+                 if s.format not in ("int4", "int8") and not s.wide}  # QDQ of these formats is TE's too
     if real and (t.engine == "fsdp" or t.impl == "local"):
         where = "the FSDP trainer" if t.engine == "fsdp" else "'impl local'"
         rep.error("PCC303", f"real {', '.join(sorted(real))} trainer GEMMs need Transformer Engine; {where} has none",
@@ -193,12 +196,33 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if opt.precision_aware and (opt.kind != "adam" or not opt.distributed):
         rep.error("PCC308", "the precision-aware optimizer is Adam-only and needs the distributed optimizer",
                   smap.find("trainer.optimizer"), path="trainer.optimizer")
+    if t.grads not in ("fp32", "bf16"):
+        rep.error("PCC308", f"main gradients are fp32 or bf16, not {t.grads}", smap.find("trainer.grads"),
+                  path="trainer.grads")
+    if t.params == "fp8" and t.param_gather != "fp8":
+        rep.error("PCC304", "FP8 trainer parameters are Megatron's FP8 parameter all-gather",
+                  smap.find("trainer.params"), path="trainer.params", hint="write 'param_gather fp8' as well")
     if t.master == "bf16":
         rep.error("PCC308", "master weights cannot be bf16 (fp32, or fp16 with the precision-aware optimizer)",
                   smap.find("trainer.master"), path="trainer.master")
     if recipe == "delayed" and _first_last_wide(plan):
         rep.error("PCC306", "delayed scaling does not support BF16 first/last layers",
                   smap.find("trainer"), path="trainer", hint="use current scaling (tensorwise) or blockwise")
+
+
+@check
+def megatron_wide_operators(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC310: Megatron keeps the embedding, the LM head and the router wide."""
+    if plan.contract.trainer.engine != "megatron":
+        return
+    ops = plan.catalog.operators
+    for comp in ("fprop", "dgrad", "wgrad"):
+        for ref, spec, idx in used(plan, comp):
+            bad = [i for i in idx if ops[i].family in ("embed", "lm_head", "router")]
+            if bad and not spec.wide:
+                rep.error("PCC310", f"Megatron runs embed, lm_head and router wide; {comp} cannot quantize "
+                          f"{_names(plan, bad)}", smap.find(ref.path), path=ref.path,
+                          hint="narrow the pattern (e.g. 'linear' instead of 'all'), or keep them bf16")
 
 
 def fp8_recipe(plan: Plan) -> str | None:
@@ -250,6 +274,44 @@ def trainable_and_sync(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 
 
 @check
+def sglang_state(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC311: SGLang has one KV cache dtype; PCC414: where SGLang can put LoRA on experts."""
+    ops = plan.catalog.operators
+    kv = {}
+    for ref, spec, idx in used(plan, "rollout"):
+        if any(ops[i].family == "kv_cache" for i in idx):
+            kv[spec.format] = ref
+    owner = plan.owner["rollout"]
+    if kv and any(ops[i].family == "kv_cache" and owner[i] == -1 for i in range(len(ops))):
+        kv.setdefault("bf16", None)
+    if len(kv) > 1:
+        ref = next(r for r in kv.values() if r is not None)
+        rep.error("PCC311", f"SGLang keeps one KV cache dtype, but the plan asks for {', '.join(sorted(kv))}",
+                  smap.find(ref.path), path=ref.path, hint="give every layer's kv_cache the same scheme")
+    if plan.contract.trainable.kind != "lora":
+        return
+    fams = {ops[i].family for i in plan.trainable}
+    experts = fams & {"experts.gate_up", "experts.down"}
+    if not experts:
+        return
+    where = smap.find("trainable.targets[0]") or smap.find("trainable")
+    if len(experts) == 1:
+        rep.error("PCC414", f"LoRA on routed experts needs both experts.gate_up and experts.down (only "
+                  f"{experts.pop()} is targeted); SGLang would not apply it", where, path="trainable.targets")
+        return
+    bad = {plan.scheme("rollout", i).format for i in plan.trainable if ops[i].family.startswith("experts.")}
+    bad = {f for f in bad if f not in ("bf16", "nvfp4")}
+    block_fp8 = all(plan.scheme("rollout", i).weights is not None and plan.scheme("rollout", i).weights.kind == "block"
+                    for i in plan.trainable if ops[i].family.startswith("experts.")
+                    and plan.scheme("rollout", i).format == "fp8_e4m3")
+    if block_fp8:
+        bad.discard("fp8_e4m3")
+    if bad:
+        rep.error("PCC414", f"SGLang serves LoRA on routed experts only over BF16, block-FP8 or NVFP4 expert "
+                  f"weights, not {', '.join(sorted(bad))}", where, path="trainable.targets")
+
+
+@check
 def qat_group(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     """PCC403: rollout INT4 group size differs from the trainer's QAT group size."""
     ops = plan.catalog.operators
@@ -275,6 +337,9 @@ def corrections(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                   "not record", smap.find("rollout.record") or smap.find("correction"), path="rollout.record",
                   hint="add 'logprobs' to the rollout 'record' list")
     moe = plan.catalog.is_moe
+    if "experts" in c.rollout.record and not moe:
+        rep.error("PCC410", f"rollout records expert ids, but '{plan.catalog.name}' is a dense model",
+                  smap.find("rollout.record"), path="rollout.record", hint="remove 'experts' from 'record'")
     if c.routing_replay != "none" and not moe:
         rep.error("PCC410", f"routing replay on '{plan.catalog.name}', a dense model", smap.find("routing_replay"),
                   path="routing_replay", hint="remove 'routing replay'")
@@ -284,7 +349,10 @@ def corrections(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 
 
 def _rollout_formats(plan: Plan) -> set[str]:
-    return {s.format for _, s, _ in used(plan, "rollout") if not s.wide}
+    """Formats of rollout weights (the KV cache is request state, not a weight)."""
+    ops = plan.catalog.operators
+    return {s.format for _, s, idx in used(plan, "rollout")
+            if not s.wide and any(ops[i].family != "kv_cache" for i in idx)}
 
 
 def _fprop_matches_rollout(plan: Plan) -> bool:

@@ -75,8 +75,11 @@ class Plan:
         return [ops[i].tensor for i, _ in enumerate(ops) if self.scheme_name(component, i) == scheme]
 
     def quantized(self, component: str) -> bool:
-        return any(not self.schemes[self.scheme_name(component, i)].wide
-                   for rid, idx in self.groups[component] for i in idx[:1])
+        """Whether any weight (not the KV cache) has a low-precision scheme in `component`."""
+        ops = self.catalog.operators
+        return any(rid != DEFAULT and not self.schemes[self.rules[rid].rule.scheme].wide
+                   and any(ops[i].family != "kv_cache" for i in idx)
+                   for rid, idx in self.groups[component])
 
 
 def _groups(catalog: Catalog) -> tuple[dict[tuple[str, int | None], list[int]], int]:

@@ -71,9 +71,11 @@ def test_qwen_child_only_adds_lora_targets():
     r = run(ROOT / "contracts/qwen38_nvfp4_lora.prec", PAIRS / "qwen38_expert_lora.prec")
     ops = load_catalog("qwen3_30b_a3b").operators
     down = [op for op in ops if op.family == "experts.down"]
+    gate_up = [op for op in ops if op.family == "experts.gate_up"]
     t = r["trainable"]
     assert t["fields"] == [] and t["lost"] == []
-    assert [(g["family"], g["tensors"]) for g in t["gained"]] == [("experts.down", len(down))]
+    assert sorted((g["family"], g["tensors"]) for g in t["gained"]) == [("experts.down", len(down)),
+                                                                        ("experts.gate_up", len(gate_up))]
     assert not any(r["components"].values()) and not r["sync"] and not r["placement"]
     c = r["consequences"]
     assert c["adapter_mapping"]["changes"] and not c["rollout_artifact"]["rebuild"]
@@ -81,7 +83,7 @@ def test_qwen_child_only_adds_lora_targets():
     assert 6 in levels(r) and 7 in levels(r) and 2 not in levels(r)
     # BF16 adapter A (rank x in) and B (out x rank) per new target: 2 bytes each
     payload = {x["name"]: x for x in c["bytes"]}["sync payload per version"]
-    assert payload["delta"] == sum(16 * (op.shape[0] + op.shape[1]) * 2 for op in down)
+    assert payload["delta"] == sum(16 * (op.shape[0] + op.shape[1]) * 2 for op in down + gate_up)
 
 
 def test_rule_reordering_is_no_change():

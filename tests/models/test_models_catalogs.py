@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -107,13 +106,6 @@ def test_glm5_counts():
     assert counts(catalog) == mla_counts(layers=78, dense=3, experts=256, indexer=True)
     # extras: 75 e_score_correction_bias + 78 indexer k_norm biases
     assert len(catalog.extra_tensors) == 75 + 78
-
-
-def test_kimi_k2_builds_fast():
-    cfg = config("kimi_k2")
-    start = time.perf_counter()
-    catalog_from_config("kimi_k2", cfg)
-    assert time.perf_counter() - start < 1.0
 
 
 def test_load_catalog_is_cached():
