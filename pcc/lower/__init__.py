@@ -56,9 +56,17 @@ def target(name: str) -> Callable[[TargetFn], TargetFn]:
 
 
 def lower(plan: Plan, name: str) -> Lowered:
-    """Lower `plan` for target `name` (see TARGET_MODULES)."""
-    if name not in _TARGETS:
-        if name not in TARGET_MODULES:
-            raise KeyError(f"unknown target '{name}' (targets: {', '.join(TARGET_MODULES)})")
-        importlib.import_module(TARGET_MODULES[name])
-    return _TARGETS[name](plan)
+    """Lower `plan` for target `name` (see TARGET_MODULES).
+
+    Lowering is a pure function of the Plan, so each target runs once per Plan (Miles
+    composes the megatron and sglang results; a bundle needs all of them). Treat the
+    result as read-only.
+    """
+    cache = plan.__dict__.setdefault("_lowered", {})
+    if name not in cache:
+        if name not in _TARGETS:
+            if name not in TARGET_MODULES:
+                raise KeyError(f"unknown target '{name}' (targets: {', '.join(TARGET_MODULES)})")
+            importlib.import_module(TARGET_MODULES[name])
+        cache[name] = _TARGETS[name](plan)
+    return cache[name]
