@@ -1,0 +1,73 @@
+"""Trainer-side LoRA adapter -> PEFT layout (adapter_config.json + adapter_model.safetensors),
+the form SGLang's `--lora-paths` and `/load_lora_adapter` read.
+
+Input: safetensors (a file, or a directory of them) with `{module}.lora_A.weight` [r, in] and
+`{module}.lora_B.weight` [out, r] per target, `module` the Hugging Face module name
+(`model.layers.0.self_attn.q_proj`). Every module must be one of the contract's LoRA targets,
+every target present, shapes and rank as the contract says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from pcc.convert import ConvertError
+from pcc.convert.contract import load_plan
+
+_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_A", ".lora_B")
+
+
+def export_adapter(contract: str, source: str, destination: str, force: bool = False) -> dict:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    plan = load_plan(contract)
+    c = plan.contract
+    if c.trainable.kind != "lora":
+        raise ConvertError(f"{contract}: 'trainable {c.trainable.kind}' has no adapter to export")
+    dst = Path(destination)
+    if dst.exists() and not force:
+        raise ConvertError(f"{dst}: exists; pass --force to replace it")
+    src = Path(source)
+    files = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
+    if not files or not all(f.is_file() for f in files):
+        raise ConvertError(f"{source}: no safetensors adapter files")
+    ops = plan.catalog.operators
+    targets = {ops[i].tensor[: -len(".weight")]: ops[i] for i in plan.trainable}
+    tensors, rank = {}, c.trainable.rank
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for name in h.keys():
+                suffix = next((s for s in _SUFFIXES if name.endswith(s)), None)
+                module = name[: -len(suffix)] if suffix else None
+                if module not in targets:
+                    raise ConvertError(f"{f}: {name} is not a LoRA tensor of a contract target "
+                                       f"({len(targets)} targets, e.g. {next(iter(targets))})")
+                t = h.get_tensor(name)
+                part = "lora_A" if "lora_A" in suffix else "lora_B"
+                n, k = targets[module].shape
+                want = [rank, k] if part == "lora_A" else [n, rank]
+                if list(t.shape) != want:
+                    raise ConvertError(f"{f}: {name} has shape {list(t.shape)}, the contract's rank {rank} "
+                                       f"and {module} {list(targets[module].shape)} need {want}")
+                tensors[f"base_model.model.{module}.{part}.weight"] = t.contiguous()
+    missing = [m for m in targets for p in ("lora_A", "lora_B") if f"base_model.model.{m}.{p}.weight" not in tensors]
+    if missing:
+        raise ConvertError(f"{source}: adapter lacks {len(missing)} tensors, first {missing[0]}")
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": c.trainable.alpha or rank,
+              "lora_dropout": c.trainable.dropout, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+              "target_modules": sorted({m.rsplit(".", 1)[-1] for m in targets}), "modules_to_save": None,
+              "base_model_name_or_path": None}
+    work = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    save_file(dict(sorted(tensors.items())), str(work / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (work / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(work, dst)
+    return {"ok": True, "destination": str(dst), "modules": len(targets), "rank": rank,
+            "target_modules": config["target_modules"], "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}

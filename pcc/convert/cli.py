@@ -1,0 +1,98 @@
+"""`pcc convert` and `pcc verify-checkpoint`. Torch is imported only inside the handlers."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _size(text: str) -> int:
+    m = _SIZE.match(text)
+    unit = (m.group(2) or "").upper() if m else None
+    if not m or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (e.g. 5GB, 512MiB)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _fail(err: Exception, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"ok": False, "error": str(err)}))
+    else:
+        print(f"pcc: error: {err}", file=sys.stderr)
+    return 1
+
+
+def cmd_convert(args) -> int:
+    from pcc.convert import ConvertError
+
+    try:
+        if args.adapter:
+            from pcc.convert.adapter import export_adapter
+
+            summary = export_adapter(args.contract, args.adapter, args.to, force=args.force)
+        else:
+            from pcc.convert.run import DEFAULT_SHARD_BYTES, convert
+
+            if args.source is None:
+                print("pcc convert: error: --from SRC is required (or --adapter SRC)", file=sys.stderr)
+                return 2
+            shard = _size(args.max_shard_size) if args.max_shard_size else DEFAULT_SHARD_BYTES
+            summary = convert(args.contract, args.source, args.to, resume=args.resume, force=args.force,
+                              max_shard_bytes=shard, progress=not args.json)
+    except (ConvertError, ValueError, OSError) as err:
+        return _fail(err, args.json)
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+    elif "layout" in summary:
+        print(f"{summary['destination']}: {summary['layout']} rollout checkpoint, {summary['tensors']} tensors in "
+              f"{summary['shards']} shard(s) ({summary['resumed_shards']} resumed), "
+              f"{summary['input_bytes'] / 1e9:.3f} GB read in {summary['seconds']} s")
+    else:
+        print(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from pcc.convert import ConvertError
+    from pcc.convert.verify import verify
+
+    try:
+        report = verify(args.contract, args.directory, source=args.source, full=args.full)
+    except (ConvertError, ValueError, OSError) as err:
+        return _fail(err, args.json)
+    if args.json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+    else:
+        for p in report["problems"]:
+            more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""
+            print(f"{args.directory}: {p['family']}: {p['tensor']}: {p['message']}{more}", file=sys.stderr)
+        status = "ok" if report["ok"] else "FAILED"
+        print(f"{args.directory}: {status}: {report['layout']} layout, {report['tensors']} tensors, "
+              f"values checked for {report['values_checked']}")
+    return 0 if report["ok"] else 1
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser("convert", help="build the rollout checkpoint a contract's rollout loads")
+    s.add_argument("contract", metavar="CONTRACT|BUNDLE")
+    s.add_argument("--from", dest="source", metavar="SRC", help="Hugging Face checkpoint (safetensors)")
+    s.add_argument("--to", required=True, metavar="DST")
+    s.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
+    s.add_argument("--force", action="store_true", help="replace an existing destination")
+    s.add_argument("--max-shard-size", metavar="SIZE", help="largest output shard (default 5GB)")
+    s.add_argument("--adapter", metavar="SRC", help="export a trainer-side LoRA adapter to PEFT layout instead")
+    s.add_argument("--json", action="store_true", help="machine-readable summary")
+    s.set_defaults(fn=cmd_convert)
+
+    s = subparsers.add_parser("verify-checkpoint", help="check a rollout checkpoint against a contract")
+    s.add_argument("contract", metavar="CONTRACT|BUNDLE")
+    s.add_argument("directory", metavar="DIR")
+    s.add_argument("--source", metavar="SRC", help="the source checkpoint: compare codes and values")
+    s.add_argument("--full", action="store_true", help="check the values of every tensor, not a sample")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_verify)

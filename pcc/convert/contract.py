@@ -1,0 +1,59 @@
+"""A contract (or a bundle holding one) compiled against the checkpoint it converts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pcc.convert import ConvertError
+from pcc.models import CatalogError, catalog_from_checkpoint, load_catalog
+from pcc.models.builtin import catalog_from_config
+
+
+def contract_path(arg: str) -> Path:
+    """CONTRACT or BUNDLE (a directory with contract.prec) -> the contract file."""
+    path = Path(arg)
+    if path.is_dir():
+        path = path / "contract.prec"
+        if not path.is_file():
+            raise ConvertError(f"{arg}: a bundle directory holds contract.prec; this one does not")
+    elif not path.is_file():
+        raise ConvertError(f"{arg}: no such contract or bundle")
+    return path
+
+
+def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = None):
+    """The Plan of contract `arg` over the tensors of `checkpoint` (headers), or of a model with
+    `config`, or of the contract's own model when neither is given. The contract's own model must be the same architecture (sizes may differ: a
+    contract for a family applies to its smaller and larger members)."""
+    from pcc.plan import compile_file
+
+    path = contract_path(arg)
+    try:
+        if checkpoint is not None:
+            catalog = catalog_from_checkpoint(checkpoint)
+        elif config is not None:
+            catalog = catalog_from_config(str(path), config)
+        else:
+            catalog = None  # the contract's own model
+    except CatalogError as err:
+        raise ConvertError(str(err)) from None
+    compiled = compile_file(str(path), catalog=catalog)
+    if not compiled.ok:
+        msgs = [d.render(compiled.sources) for d in compiled.diagnostics if d.is_error]
+        raise ConvertError(f"{path}: the contract does not compile:\n" + "\n".join(msgs))
+    ref = compiled.loaded.contract.model
+    if catalog is not None and ref is not None and ref.catalog is not None:
+        want = load_catalog(ref.catalog).config.get("model_type")
+        have = catalog.config.get("model_type")
+        if want != have:
+            raise ConvertError(f"{path}: the contract is for {ref.catalog} (model_type {want}), "
+                               f"the checkpoint is model_type {have}")
+    return compiled.plan
+
+
+def config_of(directory: Path) -> dict:
+    try:
+        return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConvertError(f"{directory}: cannot read config.json ({err})") from None

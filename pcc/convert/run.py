@@ -1,0 +1,312 @@
+"""`pcc convert`: stream a source checkpoint through the converter plan into a rollout checkpoint.
+
+Three threads overlap the work: a reader loads the next source tensors, the caller's thread
+quantizes (torch releases the GIL), a writer appends bytes to the current shard. Queues hold
+a few tensors, so memory stays a small multiple of the largest tensor (or, for the fused MXFP4
+layout, of one layer's fused experts). The output is built in a hidden sibling directory and
+renamed into place only when complete and checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pcc.convert import ConvertError
+from pcc.convert.contract import load_plan
+from pcc.convert.shards import RECORDS, ST_DTYPES, complete, plan_shards, ShardWriter
+from pcc.convert.source import INDEX, Source, open_source
+from pcc.lower.converter import converter_plan
+from pcc.models.checkpoint import read_safetensors_header
+
+DEFAULT_SHARD_BYTES = 5 * 10**9
+_WIDE_SOURCE = ("BF16", "F16", "F32")
+_DONE = object()
+
+
+def partial_dir(dst: Path) -> Path:
+    return dst.with_name(f".{dst.name}.partial")
+
+
+def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, force: bool = False,
+            max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = False) -> dict:
+    t0 = time.perf_counter()
+    src = open_source(src_dir)
+    plan = load_plan(contract, src.root)
+    doc = converter_plan(plan)
+    dst = Path(dst_dir)
+    if dst.exists() and not force:
+        raise ConvertError(f"{dst}: exists; pass --force to replace it")
+    work = partial_dir(dst)
+    if work.exists() and not resume:
+        if not force:
+            raise ConvertError(f"{work}: an interrupted conversion is there; --resume continues it, "
+                               "--force starts over")
+        shutil.rmtree(work)
+    (work / RECORDS).mkdir(parents=True, exist_ok=True)
+
+    items, order = _items(doc, src)
+    shards = plan_shards(order, max_shard_bytes)
+    job = _job_id(doc, src, max_shard_bytes)
+    done = {s.file for s in shards if resume and complete(work, s, job)}
+    writer = ShardWriter(work, shards, done, job)
+    for s in shards:
+        stale = work / (s.file + ".tmp")
+        if stale.exists():
+            stale.unlink()
+    todo = [it for it in items if any(writer.wanted(n) for n in it["emits"] + it["feeds"])]
+    in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
+    try:
+        _pipeline(plan, src, todo, writer, in_bytes, progress)
+    finally:
+        src.close()
+    writer.finish()
+    hashes = {s.file: writer.sha256.get(s.file) or _recorded(work, s) for s in shards}
+    _finish(plan, doc, src, work, shards, hashes, job)
+    _install(work, dst)
+    secs = time.perf_counter() - t0
+    return {"ok": True, "destination": str(dst), "layout": doc["layout"], "tensors": len(order),
+            "shards": len(shards), "resumed_shards": len(done), "input_bytes": in_bytes,
+            "output_bytes": sum(s.size for s in shards), "seconds": round(secs, 3),
+            "input_gb_per_s": round(in_bytes / secs / 1e9, 3) if secs else None}
+
+
+def _items(doc: dict, src: Source) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
+    """Work items in plan order, and every target (name, dtype, shape) in write order.
+    A fused target is written once its last part has been computed."""
+    items, order, seen = [], [], {}
+    for k, e in enumerate(doc["tensors"]):
+        if e["source"] not in src.where:
+            raise ConvertError(f"{src.root}: the plan needs {e['source']}, which the checkpoint lacks")
+        item = {"op": k, "source": e["source"], "emits": [], "feeds": [], "fuse": e.get("fuse")}
+        for name, t in e["targets"].items():
+            if "fuse" in e:
+                seen[name] = seen.get(name, 0) + 1
+                item["feeds"].append(name)
+                if seen[name] < e["fuse"]["parts"]:
+                    continue
+            item["emits"].append(name)
+            order.append((name, ST_DTYPES[t["dtype"]], t["shape"]))
+        items.append(item)
+    for e in doc["copied"]:
+        name = e["source"]
+        entry = src.entries[name]
+        items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None})
+        order.append((name, entry["dtype"], entry["shape"]))
+    return items, order
+
+
+def _src_bytes(src: Source, name: str) -> int:
+    a, b = src.entries[name]["data_offsets"]
+    return b - a
+
+
+def _job_id(doc: dict, src: Source, max_shard_bytes: int) -> str:
+    """Identity of a conversion: its plan, its source's tensors, its shard size."""
+    h = hashlib.sha256(json.dumps(doc, sort_keys=True).encode())
+    h.update(json.dumps([src.where, src.entries, max_shard_bytes], sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _recorded(work: Path, shard) -> str:
+    return json.loads((work / shard.record).read_text(encoding="utf-8"))["sha256"]
+
+
+def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes: int, progress: bool) -> None:
+    import torch
+
+    from pcc.convert.tensors import place_fused, rollout_tensors
+
+    loaded: queue.Queue = queue.Queue(maxsize=2)
+    out: queue.Queue = queue.Queue(maxsize=4)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def put(q, item):
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def reader():
+        try:
+            for it in todo:
+                if stop.is_set():
+                    return
+                put(loaded, (it, src.load(it["source"])))
+        except BaseException as err:  # handed to the caller's thread
+            errors.append(err)
+            stop.set()
+        finally:
+            put(loaded, _DONE)
+
+    bar = _bar(in_bytes, progress)
+
+    def write_all():
+        try:
+            while True:
+                item = out.get()
+                if item is _DONE:
+                    return
+                name, tensor, nread = item
+                writer.write(name, _raw(tensor))
+                if bar is not None and nread:
+                    bar.update(nread)
+        except BaseException as err:
+            errors.append(err)
+            stop.set()
+            while out.get() is not _DONE:  # drain so the producer never blocks
+                pass
+
+    threads = [threading.Thread(target=reader, daemon=True), threading.Thread(target=write_all, daemon=True)]
+    # One intra-op thread: the reader and writer threads own the other cores, and OpenMP
+    # workers that spin while those run made conversions several times slower (bench/convert.py).
+    intra = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for t in threads:
+        t.start()
+    fused: dict[str, torch.Tensor] = {}
+    try:
+        while not stop.is_set():
+            got = loaded.get()
+            if got is _DONE:
+                break
+            it, tensor = got
+            nread = _src_bytes(src, it["source"])
+            for name, t in _compute(plan, src, it, tensor, fused, rollout_tensors, place_fused):
+                if writer.wanted(name):
+                    put(out, (name, t, nread))
+                    nread = 0
+    except BaseException as err:
+        errors.append(err)
+        stop.set()
+    finally:
+        out.put(_DONE)  # the writer consumes until _DONE, also while draining after an error
+        stop.set()  # the reader stops at its next put
+        for t in threads:
+            t.join()
+        torch.set_num_threads(intra)
+        if bar is not None:
+            bar.close()
+    if errors:
+        err = errors[0]
+        raise err if isinstance(err, ConvertError) else ConvertError(str(err)) from err
+
+
+def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, place_fused):
+    """(name, tensor) pairs one work item contributes, in write order."""
+    import torch
+
+    file = src.root / src.where[it["source"]]
+    if it["op"] is None:
+        _check_finite(tensor, it["source"], file)
+        return [(it["source"], tensor)]
+    op = plan.catalog.operators[_op_index(plan, it["source"])]
+    entry = src.entries[it["source"]]
+    try:
+        pieces = rollout_tensors(plan, _op_index(plan, it["source"]), tensor)
+    except ValueError as err:
+        raise ConvertError(f"{file}: {err}") from None
+    if len(pieces) == 1 and next(iter(pieces.values())) is tensor:
+        _check_finite(tensor, it["source"], file)
+    elif entry["dtype"] not in _WIDE_SOURCE:
+        raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
+    if it["fuse"] is None:
+        return list(pieces.items())
+    ready = []
+    shapes = {}
+    for name, piece in pieces.items():
+        if name not in fused:
+            shapes[name] = _fused_shape(plan, it, name)
+            fused[name] = torch.zeros(shapes[name], dtype=piece.dtype)
+        place_fused(fused[name], piece, it["fuse"])
+        if name in it["emits"]:
+            ready.append((name, fused.pop(name)))
+    return ready
+
+
+def _fused_shape(plan, it: dict, name: str) -> list[int]:
+    from pcc.lower.converter import tensor_targets
+
+    return tensor_targets(plan, _op_index(plan, it["source"]))["targets"][name]["shape"]
+
+
+def _op_index(plan, name: str) -> int:
+    index = getattr(plan, "_pcc_op_index", None)
+    if index is None:
+        index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
+        plan._pcc_op_index = index
+    return index[name]
+
+
+def _check_finite(tensor, name: str, file: Path) -> None:
+    import torch
+
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = (~torch.isfinite(tensor)).nonzero()[0].tolist()
+        raise ConvertError(f"{file}: {name} holds NaN or inf (first at index {bad})")
+
+
+def _raw(tensor):
+    """The tensor's bytes as a buffer, without a copy for contiguous tensors."""
+    import torch
+
+    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _bar(total: int, progress: bool):
+    if not progress or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
+
+
+def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str) -> None:
+    """config.json, index, side files, manifest; then the written headers checked against the plan."""
+    config = dict(src.config)
+    config.pop("quantization_config", None)
+    if doc["quantization_config"] is not None:
+        config["quantization_config"] = doc["quantization_config"]
+    _write_json(work / "config.json", config)
+    if doc["hf_quant_config"] is not None:
+        _write_json(work / "hf_quant_config.json", doc["hf_quant_config"])
+    for path in src.extra_files():
+        shutil.copyfile(path, work / path.name)
+    weight_map = {n: s.file for s in shards for n in s.names}
+    total = sum(s.size - len(s.header) for s in shards)
+    if len(shards) > 1:
+        _write_json(work / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    _write_json(work / "pcc_convert.json", {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
+                                            "shards": hashes})
+    for s in shards:
+        header = read_safetensors_header(work / s.file)
+        if list(header) != s.names or (work / s.file).stat().st_size != s.size:
+            raise ConvertError(f"{work / s.file}: written header does not match the plan")
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _install(work: Path, dst: Path) -> None:
+    """Rename the finished output into place; a replaced destination is removed only after."""
+    shutil.rmtree(work / RECORDS)
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(work, dst)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()

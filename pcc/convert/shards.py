@@ -1,0 +1,144 @@
+"""Output shards planned up front, then written front to back.
+
+Every target's dtype and shape is known from the converter plan before any data is read, so
+shard assignment and each shard's safetensors header are fixed first: data then streams into
+place, the output is the same bytes on every run, and `--resume` can trust a shard whose
+completion record's sha256 matches the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcc.convert import ConvertError
+
+ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64", "float8_e4m3fn": "F8_E4M3",
+             "float8_e5m2": "F8_E5M2", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32",
+             "int64": "I64", "bool": "BOOL"}
+ST_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1, "I16": 2,
+            "I32": 4, "I64": 8, "BOOL": 1}
+RECORDS = ".pcc"  # completion records inside the partial output
+
+
+@dataclass
+class Shard:
+    file: str
+    names: list[str]
+    header: bytes  # 8-byte length + padded JSON
+    size: int  # whole file
+
+    @property
+    def record(self) -> str:
+        return f"{RECORDS}/{self.file}.done.json"
+
+
+def plan_shards(targets: list[tuple[str, str, list[int]]], max_bytes: int) -> list[Shard]:
+    """targets: (name, safetensors dtype, shape) in write order -> shards of at most max_bytes
+    of data (a larger tensor gets a shard of its own)."""
+    groups: list[list[tuple[str, str, list[int]]]] = [[]]
+    fill = 0
+    for t in targets:
+        size = ST_BYTES[t[1]] * math.prod(t[2])
+        if groups[-1] and fill + size > max_bytes:
+            groups.append([])
+            fill = 0
+        groups[-1].append(t)
+        fill += size
+    n = len(groups)
+    shards = []
+    for k, group in enumerate(groups, 1):
+        file = "model.safetensors" if n == 1 else f"model-{k:05d}-of-{n:05d}.safetensors"
+        header, offset = {}, 0
+        for name, dtype, shape in group:
+            end = offset + ST_BYTES[dtype] * math.prod(shape)
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
+            offset = end
+        header["__metadata__"] = {"format": "pt"}
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # align data to 8 bytes, as safetensors' own writer does
+        blob = len(raw).to_bytes(8, "little") + raw
+        shards.append(Shard(file, [t[0] for t in group], blob, len(blob) + offset))
+    return shards
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def complete(root: Path, shard: Shard, job: str) -> bool:
+    """Is this shard finished, by its record and the file's own hash (for --resume)?"""
+    try:
+        rec = json.loads((root / shard.record).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    path = root / shard.file
+    return (rec.get("job") == job and path.is_file() and path.stat().st_size == shard.size
+            and rec.get("sha256") == file_sha256(path))
+
+
+class ShardWriter:
+    """Receives (name, bytes) in plan order and writes each shard as it fills; a finished shard
+    is flushed, fsynced, renamed from its .tmp name and recorded with its sha256."""
+
+    def __init__(self, root: Path, shards: list[Shard], done: set[str], job: str):
+        self.root, self.job = root, job
+        self.shards = [s for s in shards if s.file not in done]
+        self.owner = {n: s for s in self.shards for n in s.names}
+        self.sha256 = {}
+        self._k, self._pos, self._f, self._h = -1, 0, None, None
+
+    def wanted(self, name: str) -> bool:
+        return name in self.owner
+
+    def write(self, name: str, data) -> None:
+        shard = self.owner[name]
+        if self._f is None or shard is not self.shards[self._k]:
+            self._open(shard)
+        expect = shard.names[self._pos]
+        if name != expect:
+            raise ConvertError(f"internal order error: got {name}, {shard.file} expects {expect}")
+        self._f.write(data)
+        self._h.update(data)
+        self._pos += 1
+        if self._pos == len(shard.names):
+            self._close()
+
+    def _open(self, shard: Shard) -> None:
+        if self._f is not None:
+            raise ConvertError(f"{self.shards[self._k].file}: left incomplete")
+        self._k = self.shards.index(shard)
+        self._pos = 0
+        self._f = (self.root / (shard.file + ".tmp")).open("wb")
+        self._h = hashlib.sha256(shard.header)
+        self._f.write(shard.header)
+
+    def _close(self) -> None:
+        shard = self.shards[self._k]
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        self._f = None
+        tmp = self.root / (shard.file + ".tmp")
+        if tmp.stat().st_size != shard.size:
+            raise ConvertError(f"{tmp}: wrote {tmp.stat().st_size} bytes, the plan says {shard.size}")
+        os.replace(tmp, self.root / shard.file)
+        digest = self._h.hexdigest()
+        self.sha256[shard.file] = digest
+        rec = self.root / shard.record
+        rec.write_text(json.dumps({"job": self.job, "sha256": digest, "file": shard.file}), encoding="utf-8")
+
+    def finish(self) -> None:
+        if self._f is not None:
+            raise ConvertError(f"{self.shards[self._k].file}: input ended before the shard was full")
+        missing = [s.file for s in self.shards if s.file not in self.sha256]
+        if missing:
+            raise ConvertError(f"shards never written: {', '.join(missing)}")

@@ -1,0 +1,124 @@
+"""Reading a Hugging Face checkpoint safely: safetensors only, every shard checked before use."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pcc.convert import ConvertError
+from pcc.models.base import CatalogError
+from pcc.models.checkpoint import read_safetensors_header
+
+INDEX = "model.safetensors.index.json"
+_TORCH_DTYPES = {}  # filled on first use (torch is imported lazily)
+# Files a checkpoint directory may hold that the converter never copies: weights (the
+# converter writes its own), pickled weights (never read), and the configs it rewrites.
+_NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".ckpt", ".msgpack", ".h5")
+_REWRITTEN = (INDEX, "config.json", "hf_quant_config.json", "pcc_convert.json")
+
+
+@dataclass
+class Source:
+    """A checked source checkpoint: which shard holds each tensor, and its header entry."""
+
+    root: Path
+    config: dict
+    where: dict[str, str] = field(default_factory=dict)  # tensor -> shard file name
+    entries: dict[str, dict] = field(default_factory=dict)  # tensor -> header entry
+    data_start: dict[str, int] = field(default_factory=dict)  # shard file -> offset of its data
+    _handles: dict = field(default_factory=dict)
+
+    def load(self, name: str):
+        """One tensor, read from its checked safetensors header's offsets with a plain pread into
+        a fresh buffer: no pickle, and no mmap whose touched pages would pile up in RSS."""
+        import torch
+
+        file = self.where.get(name)
+        if file is None:
+            raise ConvertError(f"{self.root}: no tensor {name} in the checkpoint")
+        entry = self.entries[name]
+        if not _TORCH_DTYPES:
+            _TORCH_DTYPES.update({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+                                  "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+                                  "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+                                  "I64": torch.int64, "BOOL": torch.bool})
+        dtype = _TORCH_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ConvertError(f"{self.root / file}: {name} has unsupported dtype {entry['dtype']}")
+        begin, end = entry["data_offsets"]
+        fd = self._handles.get(file)
+        if fd is None:
+            fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
+        buf = torch.empty(end - begin, dtype=torch.uint8)
+        view, done, base = memoryview(buf.numpy()), 0, self.data_start[file] + begin
+        while done < end - begin:
+            got = os.preadv(fd, [view[done:]], base + done)
+            if got <= 0:
+                raise ConvertError(f"{self.root / file}: truncated while reading {name}")
+            done += got
+        return buf.view(dtype).reshape(entry["shape"])
+
+    def close(self) -> None:
+        for fd in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
+
+    def extra_files(self) -> list[Path]:
+        """Tokenizer, generation and other side files, copied to the output as they are."""
+        return sorted(p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
+                      and p.name not in _REWRITTEN and not p.name.endswith(_NOT_COPIED_SUFFIXES))
+
+
+def open_source(root: str | Path) -> Source:
+    """Check every shard's header and length against its file, and the index against the shards."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConvertError(f"{root}: not a checkpoint directory")
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConvertError(f"{root}: missing config.json") from None
+    except (OSError, ValueError) as err:
+        raise ConvertError(f"{root / 'config.json'}: unreadable ({err})") from None
+    if (root / INDEX).is_file():
+        try:
+            weight_map = json.loads((root / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConvertError(f"{root / INDEX}: unreadable index ({err})") from None
+        files = sorted(set(weight_map.values()))
+    else:
+        weight_map, files = None, sorted(p.name for p in root.glob("*.safetensors"))
+    if not files:
+        raise ConvertError(f"{root}: no *.safetensors files (pickled checkpoints are not read)")
+    src = Source(root, config)
+    for file in files:
+        path = root / file
+        if not path.is_file():
+            raise ConvertError(f"{path}: listed in {INDEX} but missing")
+        header, src.data_start[file] = _checked_header(path)
+        for name, entry in header.items():
+            if name in src.where:
+                raise ConvertError(f"{path}: tensor {name} is also in {src.where[name]}")
+            src.where[name], src.entries[name] = file, entry
+    for name, file in (weight_map or {}).items():
+        if src.where.get(name) != file:
+            raise ConvertError(f"{root / INDEX}: places {name} in {file}, whose header lacks it")
+    return src
+
+
+def _checked_header(path: Path) -> dict:
+    try:
+        header = read_safetensors_header(path)
+    except CatalogError as err:
+        raise ConvertError(str(err)) from None
+    with path.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+    end = max((e["data_offsets"][1] for e in header.values()), default=0)
+    size = path.stat().st_size
+    if size < 8 + length + end:
+        last = max(header, key=lambda n: header[n]["data_offsets"][1])
+        raise ConvertError(f"{path}: truncated: tensor {last} ends at byte {8 + length + end}, "
+                           f"the file has {size} bytes")
+    return header, 8 + length

@@ -1,0 +1,67 @@
+"""One operator's rollout tensors: the bytes `pcc convert` writes and the embedded runtime loads.
+
+`rollout_tensors` is pure (no I/O), so a converter run and a live runtime that both call it
+hold byte-identical rollout weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pcc.lower.converter import tensor_targets
+from pcc.numerics import Scheme, quantize
+from pcc.numerics.packing import pack_e2m1x2, pack_int32x8
+from pcc.plan import Plan
+
+# ModelOpt NVFP4 needs a static activation scale; without calibration data the converter
+# writes 1.0 (activations quantize with a global encode factor of 1: |x| <= 448*6 fits).
+NVFP4_INPUT_SCALE = 1.0
+
+
+def scheme_of(plan: Plan, i: int) -> Scheme:
+    """pcc.numerics' Scheme for operator i's rollout weights (the plan's `amax` is not a numerics field)."""
+    return Scheme.from_dict(plan.scheme("rollout", i).model_dump(exclude={"amax"}))
+
+
+def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Checkpoint name -> tensor for operator `op_index` with source weight `tensor`.
+
+    Wide operators come back unchanged (bit for bit). For MXFP4 routed experts (fused gpt-oss
+    layout) the values are this expert's rows of the fused tensors: place them with `place_fused`.
+    Raises ValueError naming the tensor for NaN/inf.
+    """
+    entry = tensor_targets(plan, op_index)
+    layout, names = entry["layout"], list(entry["targets"])
+    op = plan.catalog.operators[op_index]
+    if tuple(tensor.shape) != tuple(op.shape):
+        raise ValueError(f"{op.tensor}: shape {list(tensor.shape)}, the plan expects {list(op.shape)}")
+    if layout == "wide":
+        return {names[0]: tensor}
+    q = quantize(tensor, scheme_of(plan, op_index), role="weight", name=op.tensor)
+    if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
+        return {names[0]: q.codes, names[1]: q.scales.reshape(entry["targets"][names[1]]["shape"])}
+    if layout == "nvfp4":
+        codes = q.codes if q.scheme.packing else pack_e2m1x2(q.codes)
+        return {names[0]: codes, names[1]: q.scales,
+                names[2]: (torch.ones((), dtype=torch.float32) / q.outer_scale.float()).reshape(()),
+                names[3]: torch.full((), NVFP4_INPUT_SCALE, dtype=torch.float32)}
+    if layout == "mxfp4":
+        codes = q.codes if q.scheme.packing else pack_e2m1x2(q.codes)
+        n, k = op.shape
+        return {names[0]: codes.reshape(n, k // 32, 16), names[1]: q.scales.reshape(n, k // 32)}
+    codes = q.codes if q.scheme.packing else pack_int32x8(q.codes)  # int4, compressed-tensors
+    out = {names[0]: codes, names[1]: q.scales.float(), names[2]: torch.tensor(list(op.shape), dtype=torch.int64)}
+    if q.zero_point is not None:
+        out[names[3]] = pack_int32x8(q.zero_point, dim=0)
+    return out
+
+
+def place_fused(dst: torch.Tensor, piece: torch.Tensor, fuse: dict) -> None:
+    """Write one expert's rows into a fused [E, rows, ...] tensor (gate rows even, up rows odd)."""
+    e, rows = fuse["expert"], fuse["rows"]
+    if rows == "even":
+        dst[e, 0::2] = piece
+    elif rows == "odd":
+        dst[e, 1::2] = piece
+    else:
+        dst[e] = piece

@@ -1,0 +1,201 @@
+"""`pcc verify-checkpoint` (validation level 2): a rollout checkpoint is what the contract says.
+
+Checks names, dtypes and shapes of every expected tensor (scale grids included), that nothing
+else is there, that the tensors stored wide are exactly the plan's skip list, that config.json
+carries the plan's quantization_config; then for a sample (one tensor per recipe, or all with
+`--full`): scales are valid, and, given the source, codes equal pcc's quantizer byte for byte
+and dequantized values lie within the scheme's error bound of the source.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pcc.convert import ConvertError
+from pcc.convert.contract import config_of, load_plan
+from pcc.convert.shards import ST_DTYPES
+from pcc.convert.source import open_source
+from pcc.lower.converter import converter_plan
+
+_WIDE = ("BF16", "F16", "F32")
+# Per element format: (relative half-ulp, smallest step as a multiple of the scale, largest code value)
+_ELEMENT = {"fp8_block": (2**-4, 2**-9, 448.0), "fp8_tensor": (2**-4, 2**-9, 448.0), "mxfp8": (2**-4, 2**-9, 448.0),
+            "mxfp4": (2**-2, 0.5, 6.0), "nvfp4": (2**-2, 0.5, 6.0)}
+
+
+def verify(contract: str, directory: str, source: str | None = None, full: bool = False) -> dict:
+    root = Path(directory)
+    config = config_of(root)
+    if source is not None:
+        src = open_source(source)
+        plan = load_plan(contract, checkpoint=src.root)
+    else:
+        src = None
+        plan = load_plan(contract, config={k: v for k, v in config.items() if k != "quantization_config"})
+    doc = converter_plan(plan)
+    out = open_source(root)
+    problems: dict[str, dict] = {}
+
+    def report(family: str, tensor: str, message: str) -> None:
+        problems.setdefault(family, {"family": family, "tensor": tensor, "message": message, "count": 0})
+        problems[family]["count"] += 1
+
+    if config.get("quantization_config") != doc["quantization_config"]:
+        report("config", "config.json", f"quantization_config is {config.get('quantization_config')!r}, "
+                                        f"the contract needs {doc['quantization_config']!r}")
+    expected, families = {}, {}
+    for e in doc["tensors"]:
+        fam = e["recipe"].split("/")[0]
+        for name, t in e["targets"].items():
+            expected[name] = (ST_DTYPES[t["dtype"]], t["shape"])
+            families[name] = fam
+    for e in doc["copied"]:
+        expected[e["source"]] = None
+        families[e["source"]] = "other"
+    for name, want in expected.items():
+        got = out.entries.get(name)
+        if got is None:
+            report(families[name], name, "missing")
+        elif want is not None and (got["dtype"], got["shape"]) != (want[0], list(want[1])):
+            report(families[name], name, f"{got['dtype']} {got['shape']}, expected {want[0]} {list(want[1])}")
+    for name in sorted(set(out.entries) - set(expected)):
+        report("unexpected", name, "not in the converter plan")
+    ops = plan.catalog.operators
+    stored_wide = [op.tensor for op in ops if op.family != "kv_cache" and op.tensor in out.entries
+                   and out.entries[op.tensor]["dtype"] in _WIDE]
+    if stored_wide != doc["skip"]:
+        extra = sorted(set(stored_wide) - set(doc["skip"]))[:3]
+        lacking = sorted(set(doc["skip"]) - set(stored_wide))[:3]
+        report("skip", "skip list", f"wide tensors differ from the contract's exceptions: extra {extra}, missing {lacking}")
+    checked = 0
+    if not problems or set(problems) <= {"config"}:
+        checked = _values(plan, doc, out, src, full, report)
+    return {"ok": not problems, "directory": str(root), "layout": doc["layout"], "tensors": len(expected),
+            "values_checked": checked, "problems": sorted(problems.values(), key=lambda p: p["family"])}
+
+
+def _sample(doc: dict, full: bool) -> list[int]:
+    seen, picks = set(), []
+    for k, e in enumerate(doc["tensors"]):
+        if full or e["recipe"] not in seen:
+            seen.add(e["recipe"])
+            picks.append(k)
+    return picks
+
+
+def _values(plan, doc: dict, out, src, full: bool, report) -> int:
+    import torch
+
+    from pcc.convert.tensors import rollout_tensors
+
+    index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
+    checked = 0
+    for k in _sample(doc, full):
+        e = doc["tensors"][k]
+        i, fam = index[e["source"]], e["recipe"].split("/")[0]
+        layout = doc["recipes"][e["recipe"]]["layout"]
+        written = {n: _rows(out.load(n), e.get("fuse")) for n in e["targets"]}
+        problem = _scales_invalid(layout, written)
+        if problem:
+            report(fam, e["source"], problem)
+            continue
+        if src is not None:
+            x = src.load(e["source"])
+            mine = rollout_tensors(plan, i, x)
+            for name, t in mine.items():
+                a, b = _bytes(t), _bytes(written[name])
+                if not torch.equal(a, b):
+                    where = int((a != b).nonzero()[0]) if a.numel() == b.numel() else "size"
+                    report(fam, name, f"bytes differ from pcc's quantizer (first at byte {where})")
+                    break
+            else:
+                bad = _out_of_bound(plan, i, layout, written, x)
+                if bad:
+                    report(fam, e["source"], bad)
+        checked += 1
+    return checked
+
+
+def _rows(t, fuse):
+    """A fused MXFP4 tensor -> this expert's rows."""
+    if fuse is None:
+        return t
+    e = t[fuse["expert"]]
+    return {"even": e[0::2], "odd": e[1::2]}.get(fuse["rows"], e)
+
+
+def _bytes(t):
+    import torch
+
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _scales_invalid(layout: str, written: dict) -> str | None:
+    import torch
+
+    for name, t in written.items():
+        if name.endswith(("_scale_inv", ".weight_scale", "_scale_2")) and t.dtype == torch.float32:
+            if not bool((torch.isfinite(t) & (t > 0)).all()):
+                return f"{name}: scales must be finite and positive"
+        if layout in ("mxfp8", "mxfp4") and t.dtype == torch.uint8 and name.endswith(("_scale_inv", "_scales")):
+            if bool((t == 255).any()):
+                return f"{name}: E8M0 byte 255 is NaN"
+        if t.dtype == torch.float8_e4m3fn and bool(torch.isnan(t.float()).any()):
+            return f"{name}: NaN codes"
+    return None
+
+
+def _out_of_bound(plan, i: int, layout: str, written: dict, x) -> str | None:
+    """|dequantized - source| within the element format's rounding (plus saturation at the top)."""
+    import torch
+
+    from pcc.convert.tensors import scheme_of
+    from pcc.numerics import Quantized
+    from pcc.numerics.packing import unpack_int32x8
+
+    if layout == "wide":
+        return None
+    scheme = scheme_of(plan, i)
+    names = list(written)
+    op = plan.catalog.operators[i]
+    n, k = op.shape
+    if layout == "mxfp4":
+        q = Quantized(written[names[0]].reshape(n, k // 2), written[names[1]], x.shape, scheme, "weight")
+        if not scheme.packing:
+            return None
+    elif layout == "nvfp4":
+        outer = (1.0 / written[names[2]].float()).reshape(())
+        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight", outer_scale=outer)
+    elif layout == "int4":
+        g = scheme.weights.size
+        zp = written.get(names[-1]) if len(names) == 4 else None
+        zp = unpack_int32x8(zp, n, dim=0) if zp is not None else None
+        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight", zero_point=zp)
+        s = _per_element(q)
+        err = (q.dequantize() - x.float()).abs()
+        slack = s * 0.5 * (1 + 2**-20)
+        return _first_over(err, slack, x, op.tensor, g)
+    else:
+        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight")
+    rel, small, top = _ELEMENT[layout]
+    s = _per_element(q)
+    xf = x.float()
+    err = (q.dequantize() - xf).abs()
+    slack = xf.abs() * rel + s * small + (xf.abs() - top * s).clamp(min=0) + 1e-30
+    return _first_over(err, slack, x, op.tensor, None)
+
+
+def _per_element(q):
+    geo = q.geometry
+    b, nbr, nbc = geo.grid
+    s = geo.per_row(q.block_scales())  # [rows, nbc, 1]
+    return s.expand(-1, -1, geo.block_cols).reshape(s.shape[0], nbc * geo.block_cols)[:, : geo.cols].reshape(q.shape)
+
+
+def _first_over(err, slack, x, name: str, _group) -> str | None:
+    over = err > slack
+    if bool(over.any()):
+        idx = over.nonzero()[0].tolist()
+        return (f"{name}: dequantized value off by {float(err[tuple(idx)]):.3g} at {idx} "
+                f"(bound {float(slack[tuple(idx)]):.3g}, source {float(x[tuple(idx)]):.4g})")
+    return None
