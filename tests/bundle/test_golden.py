@@ -1,0 +1,51 @@
+"""Golden bundles: every shipped contract's bundle compared with checked-in expected files.
+
+Update after an intended change (then review the diff):
+    PCC_UPDATE_GOLDEN=1 python -m pytest tests/bundle/test_golden.py
+Files over 64 KiB (the resolved plan and the converter plan of large models) are kept as
+their sha256, so the repository stays small; everything else is compared as text.
+"""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pcc.bundle import bundle_files
+from pcc.plan import compile_file
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+CONTRACTS = sorted((ROOT / "contracts").glob("*.prec"))
+LARGE = 64 << 10
+
+
+def _expected(files: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for path, text in files.items():
+        data = text.encode()
+        if len(data) > LARGE:
+            out[path + ".sha256"] = hashlib.sha256(data).hexdigest() + "\n"
+        else:
+            out[path] = text
+    return out
+
+
+@pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
+def test_bundle_matches_golden(path):
+    compiled = compile_file(str(path))
+    assert compiled.ok
+    files, _ = bundle_files(compiled.plan)
+    expected = _expected(files)
+    folder = GOLDEN / path.stem
+    if os.environ.get("PCC_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(folder, ignore_errors=True)
+        for rel, text in expected.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(text)
+    on_disk = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*") if p.is_file()}
+    assert sorted(on_disk) == sorted(expected), "bundle files changed; see the module docstring to update"
+    for rel, text in expected.items():
+        assert on_disk[rel] == text, f"{path.stem}/{rel} differs from the golden file"
