@@ -1,0 +1,73 @@
+"""PNG plots of a run's curves (matplotlib; not a core dependency, so a clear error names it when missing)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CURVES = (
+    ("reward", ("reward", "exact_match"), "reward"),
+    ("mismatch", ("same_version_abs_dlogp_mean", "same_version_abs_dlogp_p99", "staleness_abs_dlogp_mean"), "|dlogp|"),
+    ("kl", ("trainer_rollout_kl", "reference_kl"), "KL (nats/token)"),
+    ("routing", ("route_agreement", "route_agreement_min"), "agreement"),
+    ("corrections", ("tis_clip_frac", "ppo_clip_frac", "version_age"), "fraction / versions"),
+)
+
+
+class PlotError(RuntimeError):
+    pass
+
+
+def require():
+    """pyplot, or a PlotError that says how to get it (checked before a run starts, not after)."""
+    try:
+        os.environ.setdefault("MPLBACKEND", "Agg")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotError("plots need matplotlib, which is not installed: pip install 'matplotlib>=3.7' "
+                        "(or run with --no-plots)") from None
+    return plt
+
+
+def plot(history: list[dict], out: Path) -> list[str]:
+    """Write one PNG per curve group into `out`; returns the file names."""
+    plt = require()
+    steps = [m["step"] for m in history]
+    written = []
+    for name, keys, ylabel in CURVES:
+        series = [(k, [m.get(k) for m in history]) for k in keys]
+        series = [(k, v) for k, v in series if any(x is not None for x in v)]
+        if not series:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for k, v in series:
+            ax.plot(steps, [float("nan") if x is None else x for x in v], label=k, marker=".")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = Path(out) / f"{name}.png"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        os.replace(tmp, path)
+        written.append(path.name)
+    if history and history[-1].get("same_version_abs_dlogp_by_position"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for m in (history[0], history[-1]):
+            ax.plot(m["same_version_abs_dlogp_by_position"], marker="o", label=f"step {m['step']}")
+        ax.set_xlabel("generated token position")
+        ax.set_ylabel("mean same-version |dlogp|")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = Path(out) / "mismatch_by_position.png"
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        os.replace(tmp, path)
+        written.append(path.name)
+    return written

@@ -1,0 +1,86 @@
+"""One `pcc run`: the loop with a progress bar, then the run directory's summary, plots and final checkpoints."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from .checkpoint import save_model, save_tensors, write_json
+from .loop import InjectedCrash, Run, RunConfig
+from .report import render, summarize
+from .sync import SyncError
+
+
+def set_threads() -> None:
+    """One intra-op thread unless PCC_THREADS says otherwise: the model's GEMMs are small, and on a
+    shared 2-core machine a second thread costs more in contention than it gains."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("PCC_THREADS", "1")))
+
+
+def _bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+def execute(compiled, cfg: RunConfig, out: Path, resume: bool = False, plots: bool = True,
+            progress: bool | None = None) -> dict:
+    """Run and write `out`; returns the summary (status "failed" with the error when a sync was refused)."""
+    if plots:
+        from .plots import require
+
+        require()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    set_threads()
+    t0 = time.perf_counter()
+    run = Run(compiled.plan, cfg, out, resume=resume)
+    write_json(out / "run.json", {"contract": compiled.path, "model_override": compiled.model_override,
+                                  "config": {k: v for k, v in vars(cfg).items() if k != "fault"},
+                                  "fault": vars(cfg.fault) if cfg.fault else None})
+    bar = _bar(cfg.steps, run.start, sys.stderr.isatty() if progress is None else progress)
+    error = None
+    try:
+        for s in range(run.start, cfg.steps):
+            m = run.step(s)
+            if bar is not None:
+                bar.set_postfix(reward=f"{m['reward']:.3f}", dlogp=f"{m.get('same_version_abs_dlogp_mean', 0):.2e}",
+                                age=m["version_age"])
+                bar.update(1)
+    except SyncError as exc:
+        error = str(exc)
+    except InjectedCrash:
+        if bar is not None:
+            bar.close()
+        raise
+    if bar is not None:
+        bar.close()
+    summary = summarize(run, run.history, time.perf_counter() - t0, error)
+    summary["plan_lock"] = _lock(compiled.plan)
+    summary["model_override"] = compiled.model_override
+    summary["rollout_version"] = run.rollout.active.version
+    write_json(out / "summary.json", summary)
+    (out / "summary.txt").write_text(render(summary) + "\n", encoding="utf-8")
+    save_model(out / "model", run.trainer.weights(), compiled.plan.catalog.config)
+    save_tensors(out / "rollout" / "model.safetensors", run.rollout.active.tensors,
+                 {"version": str(run.rollout.active.version)})
+    if plots and run.history:
+        from .plots import plot
+
+        summary["plots"] = plot(run.history, out)
+        write_json(out / "summary.json", summary)
+    return summary
+
+
+def _lock(plan) -> str:
+    from pcc.plan.dump import lock_hash, plan_dict
+
+    return lock_hash(plan_dict(plan))

@@ -1,0 +1,84 @@
+"""Rollout weights in the converter's checkpoint layouts: build them from trainer tensors, and read them back.
+
+`convert_full` calls `pcc.convert.tensors.rollout_tensors`, the function `pcc convert`
+writes checkpoints with, on the BF16 bridge of the trainer's parameters, so a live
+sync and an offline conversion of the same weights produce the same bytes.
+`decode_operator` is the rollout engine's loader: from those tensors back to codes +
+scales (`Quantized`, for real low-precision GEMMs) or reconstructed values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pcc.convert.tensors import place_fused, rollout_tensors
+from pcc.lower.converter import tensor_targets
+from pcc.numerics import Quantized
+from pcc.numerics.packing import unpack_int32x8
+
+from .linear import numerics_scheme
+
+BRIDGE = {"bf16": torch.bfloat16}
+
+
+def convert_full(plan, weights: dict[str, torch.Tensor], bridge: str = "bf16") -> dict[str, torch.Tensor]:
+    """Every operator's rollout tensors (fused MXFP4 experts assembled), from the trainer's weights."""
+    out: dict[str, torch.Tensor] = {}
+    dtype = BRIDGE.get(bridge, torch.bfloat16)
+    for i, op in enumerate(plan.catalog.operators):
+        if op.family == "kv_cache":
+            continue
+        entry = tensor_targets(plan, i)
+        pieces = rollout_tensors(plan, i, weights[op.tensor].detach().to(dtype))
+        if "fuse" not in entry:
+            out.update({k: v.contiguous() for k, v in pieces.items()})
+            continue
+        for name, piece in pieces.items():
+            if name not in out:
+                out[name] = torch.zeros(entry["targets"][name]["shape"], dtype=piece.dtype)
+            place_fused(out[name], piece, entry["fuse"])
+    return out
+
+
+def bridge_tensors(plan, weights: dict[str, torch.Tensor], bridge: str) -> dict[str, torch.Tensor]:
+    """What crosses for a full-weight sync: BF16 weights over a BF16 bridge (the rollout rebuilds its
+    layout on install), else the rollout checkpoint tensors, converted on the trainer side."""
+    if bridge == "bf16":
+        return {op.tensor: weights[op.tensor].detach().to(torch.bfloat16).contiguous()
+                for op in plan.catalog.operators if op.family != "kv_cache"}
+    return convert_full(plan, weights, bridge)
+
+
+def _rows(t: torch.Tensor, fuse: dict) -> torch.Tensor:
+    e, rows = fuse["expert"], fuse["rows"]
+    return t[e, 0::2] if rows == "even" else t[e, 1::2] if rows == "odd" else t[e]
+
+
+def decode_operator(plan, i: int, received: dict[str, torch.Tensor]) -> Quantized | torch.Tensor:
+    """Operator i from its rollout tensors: a Quantized (codes + scales) or, for wide operators, float32 values."""
+    op = plan.catalog.operators[i]
+    entry = tensor_targets(plan, i)
+    layout, names = entry["layout"], list(entry["targets"])
+    t = [received[n] for n in names]
+    if layout == "wide":
+        return t[0].float()
+    scheme, shape = numerics_scheme(plan.scheme("rollout", i)), torch.Size(op.shape)
+    n, k = op.shape
+    if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
+        return Quantized(t[0], t[1], shape, scheme, "weight")
+    if layout == "nvfp4":  # weight_scale_2 = 1 / S_enc, the engine's per-tensor multiplier
+        codes = t[0] if scheme.packing else _unpack_e2m1(t[0], k)
+        return Quantized(codes, t[1], shape, scheme, "weight", outer_scale=(1.0 / t[2].float()).reshape(()))
+    if layout == "mxfp4":
+        blocks, scales = _rows(t[0], entry["fuse"]), _rows(t[1], entry["fuse"])
+        codes = blocks.reshape(n, k // 2)
+        return Quantized(codes if scheme.packing else _unpack_e2m1(codes, k), scales, shape, scheme, "weight")
+    codes = t[0] if scheme.packing else unpack_int32x8(t[0], k)  # int4 compressed-tensors
+    zp = unpack_int32x8(t[3], n, dim=0).to(torch.int8) if len(t) > 3 else None
+    return Quantized(codes, t[1], shape, scheme, "weight", zero_point=zp)
+
+
+def _unpack_e2m1(packed: torch.Tensor, k: int) -> torch.Tensor:
+    from pcc.numerics.packing import unpack_e2m1x2
+
+    return unpack_e2m1x2(packed, k)
