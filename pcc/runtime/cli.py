@@ -25,8 +25,9 @@ def _common(s) -> None:
 def register(sub) -> None:
     s = sub.add_parser("run", help="run the compiled RL job on the embedded CPU runtime (default target)")
     _common(s)
-    s.add_argument("--target", default="embedded", choices=("embedded",),
-                   help="where to run; the embedded runtime needs no GPU")
+    s.add_argument("--target", default="embedded", choices=("embedded", "miles"),
+                   help="where to run: the embedded runtime (no GPU), or Miles (Megatron + SGLang over Ray)")
+    s.add_argument("--dry-run", action="store_true", help="with --target miles: print the command and environment")
     s.add_argument("--steps", type=int, default=30)
     s.add_argument("--out", help="run directory (default runs/<contract>-s<seed>)")
     s.add_argument("--resume", action="store_true", help="continue from the run directory's last completed step")
@@ -89,6 +90,11 @@ def _fault(text: str | None):
 
 def cmd_run(args) -> int:
     from pathlib import Path
+
+    if args.target == "miles":
+        from pcc.bundle.launch import run_miles
+
+        return run_miles(args.contract, args.dry_run, args.json)
 
     from .loop import InjectedCrash
     from .plots import PlotError
