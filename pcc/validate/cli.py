@@ -1,0 +1,68 @@
+"""`pcc validate`: the validation ladder. Torch is imported only inside the handler."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub) -> None:
+    s = sub.add_parser("validate", help="the validation ladder: find where trainer and rollout first disagree")
+    s.add_argument("contract", metavar="CONTRACT|BUNDLE")
+    s.add_argument("--levels", default="1-8", help="levels to run, e.g. 1-8, 4, 2,4-6 (9 = performance profile)")
+    s.add_argument("--engine", default="local", metavar="local|http://HOST:PORT",
+                   help="the rollout engine: the embedded runtime, or an SGLang server")
+    s.add_argument("--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
+    s.add_argument("--keep-going", action="store_true", help="run every level even after one fails")
+    s.add_argument("--model", help="re-resolve the contract on this catalog (e.g. tiny_moe) on hardware cpu")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--steps", type=int, default=None, help="level 8: RL steps (default 6)")
+    s.add_argument("--inject-fault", action="append", default=[], metavar="NAME",
+                   help="self-test: inject a known fault (scale_layout, accumulation, swapped_expert, "
+                        "inactive_adapter, mixed_version)")
+    s.add_argument("--no-plots", action="store_true")
+    s.add_argument("--json", action="store_true", help="print report.json")
+    s.set_defaults(fn=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    from pathlib import Path
+
+    from pcc.runtime.session import set_threads
+
+    from .context import ValidateConfig
+    from .faults import FaultError
+    from .ladder import parse_levels, validate
+
+    try:
+        levels = parse_levels(args.levels)
+    except ValueError as exc:
+        print(f"pcc validate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.engine != "local" and not args.engine.startswith(("http://", "https://")):
+        print(f"pcc validate: error: --engine {args.engine!r}: expected local or http://HOST:PORT", file=sys.stderr)
+        return 2
+    set_threads()
+    cfg = ValidateConfig(seed=args.seed)
+    if args.steps is not None:
+        cfg.steps = args.steps
+    out = Path(args.out or f"runs/validate-{Path(args.contract).stem}")
+    try:
+        report = validate(args.contract, levels, out, engine=args.engine, model=args.model,
+                          keep_going=args.keep_going, cfg=cfg, inject=tuple(args.inject_fault),
+                          progress=sys.stderr.isatty() and not args.json, plots=not args.no_plots)
+    except FaultError as exc:
+        print(f"pcc validate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for lv in report["levels"]:
+            line = f"level {lv['level']} {lv['name']}: {lv['status']}"
+            if lv["status"] in ("fail", "error"):
+                line += f"; localizes {lv['localizes']}" if lv["localizes"] else ""
+                for f in lv["findings"][:3]:
+                    line += f"\n    {f}"
+            print(line)
+        print(f"report: {out / 'report.md'}")
+    return 0 if report["ok"] else 1

@@ -1,0 +1,35 @@
+"""HttpEngine against a server speaking SGLang's endpoints and JSON shapes (sglang_stub), backed by
+the embedded runtime: the fixed-prefix, routes and live-update levels pass through it, and the
+partial version it is sent is refused over HTTP."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from pcc.runtime.contract import compile_for_runtime  # noqa: E402
+from pcc.runtime.model import Arch  # noqa: E402
+from pcc.validate.context import ValidateConfig  # noqa: E402
+from pcc.validate.ladder import validate  # noqa: E402
+from pcc.validate.local import LocalEngine  # noqa: E402
+from sglang_stub import Stub  # noqa: E402
+
+from test_validate_ladder import CFG  # noqa: E402
+
+
+@pytest.mark.parametrize("contract", ["contracts/tiny_cpu.prec"])
+def test_http_engine_levels_4_to_6(tmp_path, contract):
+    plan = compile_for_runtime(contract).plan
+    engine = LocalEngine(plan, Arch.from_catalog(plan.catalog))
+    with Stub(engine) as stub:
+        r = validate(contract, [4, 5, 6], tmp_path, engine=stub.url, cfg=ValidateConfig(**CFG), plots=False)
+    by = {lv["level"]: lv for lv in r["levels"]}
+    assert r["ok"], [(lv["level"], lv["error"], lv["findings"]) for lv in r["levels"]]
+    assert by[4]["figures"]["served version"] == 0
+    assert by[5]["figures"]["route_agreement"] >= 0.98  # expert ids decoded from base64 int32
+    assert by[6]["figures"]["partial versions served"] == 0
+    assert by[6]["figures"]["active version"] == 1
