@@ -127,7 +127,7 @@ def cmd_fmt(args) -> int:
 def cmd_schema(args) -> int:
     from pcc.contract.schema import schema_files
 
-    out = Path(args.out)
+    out = Path(args.out or _default_schema_dir())
     stale = []
     for name, text in schema_files().items():
         target = out / name
@@ -213,8 +213,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if getattr(args, "out", "") is None:
-        args.out = _default_schema_dir()
     try:
         return args.fn(args)
     except KeyboardInterrupt:

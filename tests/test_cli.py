@@ -104,3 +104,12 @@ def test_fmt_check(tmp_path):
     assert main(["fmt", "--write", p]) == 0
     assert main(["fmt", "--check", p]) == 0
     assert Path(p).read_text() == GOOD
+
+
+def test_run_without_out_writes_under_the_working_directory(tmp_path, monkeypatch, capsys):
+    """Regression: a default meant for `pcc schema --out` once redirected `pcc run`'s output."""
+    monkeypatch.chdir(tmp_path)
+    contract = Path(__file__).resolve().parents[1] / "contracts" / "tiny_cpu.prec"
+    assert main(["run", str(contract), "--steps", "1", "--prompts", "2", "--group", "2", "--no-plots"]) == 0
+    assert (tmp_path / "runs" / "tiny-cpu-s0" / "summary.json").is_file()
+    assert not (data_dir("schemas") / "summary.json").exists()
