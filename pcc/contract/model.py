@@ -62,6 +62,7 @@ class SchemeSpec(_Model):
     gradients: Grouping | None = None
     scale: ScaleDtype | None = None
     amax: Literal["current", "delayed"] = "current"
+    scale_rule: Literal["ocp", "ceil"] = "ocp"  # E8M0 exponent: OCP MX v1.0, or the engines' no-clip rule
     rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
     packing: Literal["e2m1x2", "int32x8"] | None = None
     symmetric: bool = True

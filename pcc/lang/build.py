@@ -92,7 +92,7 @@ def scheme_dict(expr: Tree, file: str, rep: Reporter) -> dict[str, Any] | None:
                           hint=did_you_mean(text, SCALES) or "scale dtypes: " + ", ".join(SCALES))
             else:
                 out["scale"] = SCALES[text]
-        elif kind in ("amax", "rounding", "packing"):
+        elif kind in ("amax", "rounding", "packing", "scale_rule"):
             out[kind] = str(opt.children[0])
         elif kind in ("symmetric", "asymmetric"):
             out["symmetric"] = kind == "symmetric"

@@ -61,7 +61,7 @@ def scheme_text(spec: dict) -> str:
             out.append("scale " + spec["scale"].replace("_", "+"))
         if spec.get("packing", d.get("packing")) != d.get("packing"):
             out.append(f"packing {spec['packing']}")
-    for key, default in (("amax", "current"), ("rounding", "nearest_even")):
+    for key, default in (("amax", "current"), ("scale_rule", "ocp"), ("rounding", "nearest_even")):
         if spec.get(key, default) != default:
             out.append(f"{key} {spec[key]}")
     if spec.get("symmetric", True) is False:

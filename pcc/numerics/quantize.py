@@ -204,9 +204,19 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(enc), 1.0 / enc)
 
 
-def _e8m0_scale(amax: torch.Tensor, emax_elem: int) -> torch.Tensor:
-    """OCP MX: shared exponent floor(log2(amax)) - emax_elem; all-zero block -> 2**0."""
-    exp = fm.floor_log2(torch.where(amax > 0, amax, 1.0)) - emax_elem
+def _e8m0_scale(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: float = 0.0) -> torch.Tensor:
+    """E8M0 shared exponent; all-zero block -> 2**0.
+
+    "ocp" (OCP MX v1.0): floor(log2(amax)) - emax_elem; the block's largest values may clip.
+    "ceil" (TransformerEngine MXFP8, ModelOpt/SGLang MXFP4): ceil(log2(amax / qmax)), the
+    smallest power of two that never clips.
+    """
+    safe = torch.where(amax > 0, amax, 1.0)
+    if rule == "ceil":
+        mant, exp2 = torch.frexp(safe / qmax)  # v = mant * 2**exp2, mant in [0.5, 1)
+        exp = exp2 - (mant == 0.5).to(exp2.dtype)
+    else:
+        exp = fm.floor_log2(safe) - emax_elem
     return fm.encode_e8m0(torch.where(amax > 0, exp, 0))
 
 
@@ -248,7 +258,7 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator):
         op = torch.mul  # TE multiplies by the block's encode factor
     else:
         if scheme.scale == "e8m0":
-            scales = _e8m0_scale(amax, _MX_EMAX[fmt])
+            scales = _e8m0_scale(amax, _MX_EMAX[fmt], scheme.scale_rule, elem.max)
             factor = fm.decode_e8m0(scales)
         else:
             scales = (_pow2_scale if scheme.scale == "pow2" else _fp32_scale)(amax, elem.max)

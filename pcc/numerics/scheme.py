@@ -103,6 +103,7 @@ class Scheme:
     rounding: str = "nearest_even"
     packing: str | None = None
     symmetric: bool = True
+    scale_rule: str = "ocp"  # E8M0 exponent: "ocp" (MX v1.0) or "ceil" (TE MXFP8 / ModelOpt MXFP4)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -122,6 +123,10 @@ class Scheme:
             raise ValueError(f"{where}: scale {self.scale!r} is not one of {SCALES}")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"{where}: rounding {self.rounding!r} is not one of {ROUNDINGS}")
+        if self.scale_rule not in ("ocp", "ceil"):
+            raise ValueError(f"{where}: scale_rule {self.scale_rule!r} is not ocp or ceil")
+        if self.scale_rule == "ceil" and self.scale != "e8m0":
+            raise ValueError(f"{where}: scale_rule ceil applies to e8m0 scales")
         if self.packing not in PACKINGS:
             raise ValueError(f"{where}: packing {self.packing!r} is not one of {PACKINGS}")
         if not isinstance(self.symmetric, bool):
@@ -162,18 +167,21 @@ class Scheme:
         g = lambda x: x.to_dict() if x else None  # noqa: E731
         return {"format": self.format, "weights": g(self.weights), "activations": g(self.activations),
                 "gradients": g(self.gradients), "scale": self.scale, "rounding": self.rounding,
-                "packing": self.packing, "symmetric": self.symmetric}
+                "packing": self.packing, "symmetric": self.symmetric, "scale_rule": self.scale_rule}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scheme:
         if not isinstance(d, dict) or "format" not in d:
             raise ValueError(f"a scheme is a dict with a 'format', got {d!r}")
-        extra = set(d) - {"format", "weights", "activations", "gradients", "scale", "rounding", "packing", "symmetric"}
+        # "amax" (current | delayed) is how a trainer tracks amax across steps; one quantize call
+        # always uses the tensor's current amax, so it is accepted and has no effect here.
+        extra = set(d) - {"format", "weights", "activations", "gradients", "scale", "rounding", "packing", "symmetric",
+                          "amax", "scale_rule"}
         if extra:
             raise ValueError(f"unknown scheme keys {sorted(extra)}")
         return cls(d["format"], Grouping.from_dict(d.get("weights")), Grouping.from_dict(d.get("activations")),
                    Grouping.from_dict(d.get("gradients")), d.get("scale"), d.get("rounding") or "nearest_even",
-                   d.get("packing"), d.get("symmetric", True))
+                   d.get("packing"), d.get("symmetric", True), d.get("scale_rule") or "ocp")
 
     @classmethod
     def preset(cls, name: str) -> Scheme:

@@ -122,6 +122,9 @@ def scheme_grouping(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         if "weights" in roles and roles["weights"].kind == "token":
             rep.error("PCC302", "'token' grouping is for activations; weights use row, block or group", where,
                       path=f"schemes.{name}")
+        if spec.scale_rule != "ocp" and spec.scale != "e8m0":
+            rep.error("PCC302", "'scale_rule' chooses how an E8M0 (MX) scale is derived; this scheme has "
+                      f"{spec.scale} scales", where, path=f"schemes.{name}")
         fp4 = spec.format in ("mxfp4", "nvfp4")
         if spec.packing == "e2m1x2" and not fp4 or spec.packing == "int32x8" and spec.format != "int4":
             rep.error("PCC302", f"packing '{spec.packing}' does not apply to {spec.format}", where,

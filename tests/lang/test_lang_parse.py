@@ -142,3 +142,14 @@ def test_yaml_and_json_errors_are_positioned(tmp_path):
                  "    - components: [rollout]\n      patterns: [expert.*]\n      scheme: fp8_block\n")
     (d,) = compile_file(str(y)).diagnostics
     assert (d.code, d.span.line, d.span.col) == ("PCC201", 7, 18) and "experts.*" in d.hint
+
+
+def test_scale_rule_parses_and_is_checked(tmp_path):
+    from pcc.plan import compile_file
+
+    assert parse_scheme("mxfp8 scale_rule ceil")["scale_rule"] == "ceil"
+    p = tmp_path / "c.prec"
+    p.write_text("contract c {\n  model tiny_moe\n  hardware cpu\n  scheme s = fp8_e4m3 scale_rule ceil\n"
+                 "  rollout {\n    experts : s\n  }\n  routing replay rollout\n}\n")
+    errors = [d for d in compile_file(str(p)).diagnostics if d.is_error]
+    assert [(d.code, d.span.line) for d in errors] == [("PCC302", 4)]

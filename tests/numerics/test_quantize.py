@@ -199,3 +199,25 @@ def test_packed_codes_round_trip_shapes():
         assert q.codes.shape == (7, cols)
         unpacked = Scheme.from_dict({**q.scheme.to_dict(), "packing": None})
         assert torch.equal(q.dequantize(), quantize(x, unpacked).dequantize())
+
+
+def test_mx_scale_rules_hand_worked():
+    """One MXFP8 (E4M3, max 448) block whose amax is 960.
+    OCP v1.0: X = floor(log2 960) - emax(E4M3) = 9 - 8 = 1, scale 2: 960/2 = 480 clips to 448 -> 896.
+    ceil (TransformerEngine): X = ceil(log2(960/448)) = ceil(1.0995) = 2, scale 4: 960/4 = 240, an
+    E4M3 value (1.875 * 2**7) -> 960 exactly.
+    A block whose amax/448 is exactly a power of two (amax 896) gets X = 1 under both rules."""
+    import torch
+
+    from pcc.numerics import Scheme, quantize
+
+    x = torch.zeros(1, 32)
+    x[0, 0] = 960.0
+    ocp = quantize(x, Scheme.from_dict({"format": "mxfp8"}), role="weight")
+    ceil = quantize(x, Scheme.from_dict({"format": "mxfp8", "scale_rule": "ceil"}), role="weight")
+    assert int(ocp.scales.flatten()[0]) == 127 + 1 and int(ceil.scales.flatten()[0]) == 127 + 2
+    assert ocp.dequantize()[0, 0].item() == 896.0 and ceil.dequantize()[0, 0].item() == 960.0
+    x[0, 0] = 896.0
+    for rule in ("ocp", "ceil"):
+        q = quantize(x, Scheme.from_dict({"format": "mxfp8", "scale_rule": rule}), role="weight")
+        assert int(q.scales.flatten()[0]) == 127 + 1 and q.dequantize()[0, 0].item() == 896.0
