@@ -23,7 +23,7 @@ def cmd_compile(args) -> int:
     except BundleError as exc:
         print(f"pcc compile: {exc}", file=sys.stderr)
         return 1
-    verified = _verify(c.plan) if args.verify else []
+    verified = verify_engines(c.plan, args.output) if args.verify else []
     failed = [v for v in verified if not v["ok"]]
     if args.json:
         print(json.dumps({"file": args.file, "ok": not failed, "bundle": args.output, "files": sorted(files),
@@ -35,21 +35,39 @@ def cmd_compile(args) -> int:
     return 1 if failed else 0
 
 
-def _verify(plan) -> list[dict]:
-    """Run the generated arguments through the engines' own parsers."""
+def verify_engines(plan, bundle: str) -> list[dict]:
+    """Run the bundle's engine arguments through the engines' own parsers and config classes."""
+    import contextlib
+    import os
+    import warnings
+
     from pcc.lower import lower
 
-    out = []
-    checks = (("megatron", "pcc.lower.verify_megatron", "verify_megatron_args"),
-              ("sglang", "pcc.lower.verify_sglang", "verify_sglang_args"))
-    for name, module, fn in checks:
-        import importlib
+    def megatron():
+        from pcc.lower import verify_megatron as vm
 
+        lo = lower(plan, "megatron")
+        here = os.getcwd()
+        os.chdir(bundle)  # the precision file is named relative to the bundle
         try:
-            verify = getattr(importlib.import_module(module), fn)
-            verify(lower(plan, name).args)
+            vm.verify_megatron_args(lo.args, vm.model_args(plan), vm.device_arch(plan), lo.env)
+        finally:
+            os.chdir(here)
+
+    def sglang():
+        from pcc.lower.verify_sglang import verify_sglang_args
+
+        verify_sglang_args(lower(plan, "sglang").args)
+
+    out = []
+    for name, check in (("megatron", megatron), ("sglang", sglang)):
+        try:
+            with open(os.devnull, "w") as null, warnings.catch_warnings(), contextlib.redirect_stderr(null):
+                warnings.simplefilter("ignore")  # the engines warn about missing GPU libraries on import
+                check()
         except ImportError as exc:
-            out.append({"target": name, "ok": False, "message": f"the engine's parser is not installed ({exc})"})
+            out.append({"target": name, "ok": False, "message": f"the engine's parser is not installed ({exc}); "
+                        "bash requirements/install-engines.sh"})
         except Exception as exc:  # the engine's own rejection, reported as such
             out.append({"target": name, "ok": False, "message": str(exc)})
         else:
