@@ -4,6 +4,10 @@ requantizing at every update starts to pay for itself. Everything is measured in
 
     python bench/runtime.py                 # 30 steps per contract
     python bench/runtime.py --steps 10 --no-sizes
+    python bench/runtime.py --validate --no-runs --no-sizes   # every shipped contract through pcc validate 1-8
+
+The --validate table runs each shipped contract on its CPU-size stand-in (`--model auto`) through
+levels 1-8 with the contract's own expectations, and prints the headline figures and every failed check.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from pcc.runtime.trainer import Trainer  # noqa: E402
 from pcc.runtime.weights import bridge_tensors  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACTS = [("tiny_cpu", None), ("bf16_baseline", "tiny_moe"), ("unified_fp8", "tiny_moe"),
-             ("miles_mode1", "tiny_moe"), ("glm52_fp8_rollout", "tiny_moe"), ("qwen38_nvfp4_lora", "tiny_moe")]
+CONTRACTS = ["tiny_cpu", "bf16_baseline", "unified_fp8", "miles_mode1", "glm52_fp8_rollout", "qwen38_nvfp4_lora",
+             "k3_mxfp4_lora", "int4_qat_w4a16"]  # each on its stand-in (--model auto)
 SIZES = (128, 384, 768)  # hidden size; 4 layers, 8 experts, expert width hidden/2
 
 
@@ -40,8 +44,8 @@ def bench_contracts(steps: int) -> None:
     print(f"\n== {steps}-step runs (prompts 64 x 8 samples) ==")
     head = f"{'contract':20} {'wall s':>7} {'steps/s':>8} {'reward first->last':>19} {'|dlogp| mean':>12}  phase share"
     print(head + "\n" + "-" * (len(head) + 50))
-    for name, model in CONTRACTS:
-        plan = compile_for_runtime(str(ROOT / "contracts" / f"{name}.prec"), model).plan
+    for name in CONTRACTS:
+        plan = compile_for_runtime(str(ROOT / "contracts" / f"{name}.prec"), "auto").plan
         run = Run(plan, RunConfig(steps=steps), None)
         t0 = time.perf_counter()
         hist = [run.step(s) for s in range(steps)]
@@ -54,6 +58,35 @@ def bench_contracts(steps: int) -> None:
         print(f"{name:20} {wall:7.1f} {steps / wall:8.2f} {statistics.mean(r[:k]):9.3f} -> "
               f"{statistics.mean(r[-k:]):.3f}"
               f" {statistics.mean(m['same_version_abs_dlogp_mean'] for m in hist):12.2e}  {share}")
+
+
+def bench_validate(steps: int) -> None:
+    from pcc.validate.context import ValidateConfig
+    from pcc.validate.ladder import validate
+
+    print(f"\n== pcc validate --levels 1-8 --model auto, every shipped contract (level 8: {steps} steps) ==")
+    head = (f"{'contract':26} {'model':16} {'result':6} {'s':>5} {'L4 p99':>7} {'bound':>6} {'L5 dec/pre':>10} "
+            f"{'routes':>6}  failed checks")
+    print(head + "\n" + "-" * (len(head) + 30))
+    for path in sorted((ROOT / "contracts").glob("*.prec")):
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as out:
+            r = validate(str(path), list(range(1, 9)), Path(out), model="auto", keep_going=True, plots=False,
+                         cfg=ValidateConfig(steps=steps))
+        by = {lv["level"]: lv for lv in r["levels"]}
+        f4, f5 = by.get(4, {}).get("figures", {}), by.get(5, {}).get("figures", {})
+        bound = next((c["value"] for c in by.get(4, {}).get("checks", []) if c["metric"].endswith("p99")), None)
+        bad = [f"L{lv['level']} {c['metric']} {_num(c['observed'])} (want {c['op']} {c['value']})"
+               for lv in r["levels"] for c in lv["checks"] if c["ok"] is not True]
+        bad += [f"L{lv['level']} error: {lv['error']}" for lv in r["levels"] if lv["status"] == "error"]
+        print(f"{path.stem:26} {r['model'] or '-':16} {'pass' if r['ok'] else 'FAIL':6} {time.perf_counter() - t0:5.0f} "
+              f"{_num(f4.get('same_version abs_dlogp p99')):>7} {_num(bound):>6} "
+              f"{_num(f5.get('decode vs prefill abs_dlogp p99')):>10} {_num(f5.get('route_agreement')):>6}  "
+              + "; ".join(bad))
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
 def _catalog(h: int):
@@ -136,10 +169,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--no-sizes", action="store_true")
     ap.add_argument("--no-runs", action="store_true")
+    ap.add_argument("--validate", action="store_true", help="run every shipped contract through pcc validate 1-8")
+    ap.add_argument("--validate-steps", type=int, default=6, help="level-8 RL steps per contract")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if not a.no_runs:
         bench_contracts(a.steps)
+    if a.validate:
+        bench_validate(a.validate_steps)
     if not a.no_sizes:
         bench_sizes()
 

@@ -12,7 +12,8 @@ import sys
 def _common(s) -> None:
     s.add_argument("contract", metavar="CONTRACT|BUNDLE",
                    help="a contract file, or a bundle directory with contract.prec")
-    s.add_argument("--model", help="run the contract on this catalog instead (e.g. tiny_moe, tiny_dense): "
+    s.add_argument("--model", help="run the contract on this catalog instead (tiny_moe, tiny_dense, tiny_moe_128, tiny_shared_moe, "
+                                   "or auto: the stand-in for the contract's model, docs/runtime.md): "
                                    "re-resolved on hardware cpu with one-device parallelism")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--prompts", type=int, default=None, help="prompts per step (default 64)")

@@ -3,6 +3,8 @@
 `model` re-resolves the same contract against another catalog, on `hardware cpu`
 with one-device parallelism: the shipped contracts name 30B-1T models, and this
 is how their precision rules run on a tiny model of the same family here.
+`model="auto"` picks that tiny catalog from the contract's own model (`STAND_INS`),
+and the 128-wide variant where the contract's groups do not divide the first choice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from pcc.plan.checks import run_checks
 from pcc.plan.resolve import resolve
 
 MAX_PARAMS = 50_000_000  # what a 2-core CPU can train in minutes
+# The CPU-size catalog with the structure of each large catalog (docs/runtime.md has the table).
+STAND_INS = {"qwen3_30b_a3b": "tiny_moe", "qwen3_8b": "tiny_dense", "llama3_8b": "tiny_dense",
+             "kimi_k2": "tiny_shared_moe", "deepseek_v3": "tiny_shared_moe", "glm5": "tiny_shared_moe"}
+WIDER = {"tiny_moe": "tiny_moe_128"}  # every reduction width a multiple of 128 (INT4 groups of 128)
 
 
 class ContractError(RuntimeError):
@@ -47,7 +53,9 @@ def contract_path(target: str) -> str:
 
 
 def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> Compiled:
-    """`model` (a catalog name) or `catalog` (a Catalog) replaces the contract's model for this machine."""
+    """`model` (a catalog name, or "auto") or `catalog` (a Catalog) replaces the contract's model."""
+    if model == "auto":
+        return _auto(target)
     path = contract_path(target)
     try:
         loaded = load(path)
@@ -78,9 +86,30 @@ def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> 
     n = sum(_numel(op.shape) for op in catalog.operators if op.family != "kv_cache")
     if n > MAX_PARAMS:
         raise ContractError(f"{path}: model '{catalog.name}' has {n / 1e9:.1f}B parameters, too many for the embedded "
-                            f"runtime; run it on a small model of the same family with --model tiny_moe "
-                            f"(or tiny_dense), or on a cluster with the miles target")
+                            f"runtime; run it on a small model of the same structure with --model auto "
+                            f"(here {STAND_INS.get(catalog.name, 'tiny_moe')}), or on a cluster with the miles target")
     return Compiled(plan, path, rep.diagnostics, override)
+
+
+def stand_in(target: str) -> str | None:
+    """The tiny catalog `--model auto` starts from for this contract (None: run its own model)."""
+    ref = load(contract_path(target)).contract.model
+    if ref.catalog is None or ref.catalog.startswith("tiny_"):
+        return None
+    if ref.catalog not in STAND_INS:
+        raise ContractError(f"{target}: no CPU-size stand-in for model '{ref.catalog}'; "
+                            f"pass --model with one of {sorted(set(STAND_INS.values()))}")
+    return STAND_INS[ref.catalog]
+
+
+def _auto(target: str) -> Compiled:
+    name = stand_in(target)
+    try:
+        return compile_for_runtime(target, name)
+    except ContractError:
+        if name not in WIDER:
+            raise
+        return compile_for_runtime(target, WIDER[name])
 
 
 def _numel(shape) -> int:

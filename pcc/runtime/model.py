@@ -2,8 +2,11 @@
 
 The architecture is written once, as a function of a weight source (`Exec`), so the
 rollout engine and the trainer run the same model over their own representations:
-RoPE attention with grouped KV heads (and Qwen3's per-head q/k RMSNorm), RMSNorm,
-and an MoE MLP with softmax top-k routing (Qwen3-MoE) or a dense SwiGLU MLP (Llama).
+RoPE attention with grouped KV heads (and Qwen3's per-head q/k RMSNorm) or DeepSeek's
+multi-head latent attention (MLA: low-rank q, a compressed KV latent that is what the
+cache holds, interleaved RoPE on a separate head part), RMSNorm, and per layer either a
+dense SwiGLU MLP (Llama, DeepSeek's first layers) or an MoE MLP: softmax top-k routing
+(Qwen3-MoE) or sigmoid scores with a routed scaling factor plus shared experts (DeepSeek-V3).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = {"qwen3_moe": True, "qwen3": True, "llama": False, "mistral": False}  # model_type -> q/k norm
+SUPPORTED = {"qwen3_moe": True, "qwen3": True, "llama": False, "mistral": False, "deepseek_v3": False}  # -> q/k norm
 
 
 class ArchError(ValueError):
@@ -39,6 +42,17 @@ class Arch:
     eps: float
     theta: float
     qk_norm: bool
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP in an MoE model
+    shared: int = 0  # shared-expert MLP width (DeepSeek: moe_intermediate_size * n_shared_experts)
+    scoring: str = "softmax"  # router: softmax (Qwen3-MoE) | sigmoid (DeepSeek-V3)
+    routed_scale: float = 1.0
+    groups: tuple[int, int] = (1, 1)  # (n_group, topk_group): group-limited routing
+    q_rank: int = 0  # MLA: q_lora_rank (0: a plain q_proj)
+    kv_rank: int = 0  # MLA: kv_lora_rank (0: not MLA)
+    nope: int = 0  # MLA qk_nope_head_dim
+    rope_dim: int = 0  # MLA qk_rope_head_dim
+    v_dim: int = 0  # MLA v_head_dim
+    rope_interleave: bool = False
 
     @classmethod
     def from_catalog(cls, catalog) -> "Arch":
@@ -46,50 +60,82 @@ class Arch:
         mt = cfg.get("model_type", "")
         if mt not in SUPPORTED:
             raise ArchError(f"model '{catalog.name}' (model_type {mt!r}) is not an architecture the embedded runtime "
-                            f"builds ({', '.join(SUPPORTED)}); run with --model tiny_moe or tiny_dense")
-        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-            raise ArchError(f"model '{catalog.name}': mixed dense/MoE layers are not supported by the embedded runtime")
-        heads = cfg["num_attention_heads"]
-        moe = bool(cfg.get("num_experts"))
-        return cls(mt, cfg["hidden_size"], cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads", heads),
+                            f"builds ({', '.join(SUPPORTED)}); run with --model auto or a tiny catalog "
+                            f"(docs/runtime.md)")
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
+            raise ArchError(f"model '{catalog.name}': MoE every n-th layer is not supported by the embedded runtime")
+        heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+        experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or 0
+        dense = tuple(i for i in range(layers) if i < cfg.get("first_k_dense_replace", 0)
+                      or i in cfg.get("mlp_only_layers", ())) if experts else ()
+        mla = cfg.get("kv_lora_rank") is not None
+        return cls(mt, cfg["hidden_size"], layers, heads, cfg.get("num_key_value_heads", heads),
                    cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["vocab_size"],
-                   cfg.get("intermediate_size", 0),
-                   cfg.get("num_experts", 0) if moe else 0, cfg.get("num_experts_per_tok", 0) if moe else 0,
+                   cfg.get("intermediate_size", 0), experts, cfg.get("num_experts_per_tok", 0) if experts else 0,
                    cfg.get("moe_intermediate_size", 0), bool(cfg.get("norm_topk_prob", True)),
-                   float(cfg.get("rms_norm_eps", 1e-6)), float(cfg.get("rope_theta", 10000.0)), SUPPORTED[mt])
+                   float(cfg.get("rms_norm_eps", 1e-6)), float(cfg.get("rope_theta", 10000.0)), SUPPORTED[mt],
+                   dense, cfg.get("moe_intermediate_size", 0) * cfg.get("n_shared_experts", 0) if experts else 0,
+                   cfg.get("scoring_func", "softmax"), float(cfg.get("routed_scaling_factor", 1.0)),
+                   (cfg.get("n_group") or 1, cfg.get("topk_group") or 1), cfg.get("q_lora_rank") or 0,
+                   cfg.get("kv_lora_rank") or 0, cfg.get("qk_nope_head_dim", 0) if mla else 0,
+                   cfg.get("qk_rope_head_dim", 0) if mla else 0, cfg.get("v_head_dim", 0) if mla else 0,
+                   bool(cfg.get("rope_interleave", mt == "deepseek_v3")))
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
 
+    @property
+    def mla(self) -> bool:
+        return self.kv_rank > 0
+
+    def moe_layer(self, i: int) -> bool:
+        return self.is_moe and i not in self.dense_layers
+
+    def _attention_tensors(self, p: str) -> dict[str, tuple[int, ...]]:
+        h, hd = self.hidden, self.head_dim
+        if not self.mla:
+            out = {p + "q_proj.weight": (self.heads * hd, h), p + "k_proj.weight": (self.kv_heads * hd, h),
+                   p + "v_proj.weight": (self.kv_heads * hd, h), p + "o_proj.weight": (h, self.heads * hd)}
+            if self.qk_norm:
+                out |= {p + "q_norm.weight": (hd,), p + "k_norm.weight": (hd,)}
+            return out
+        qw = self.heads * (self.nope + self.rope_dim)
+        out = {p + "q_a_proj.weight": (self.q_rank, h), p + "q_a_layernorm.weight": (self.q_rank,),
+               p + "q_b_proj.weight": (qw, self.q_rank)} if self.q_rank else {p + "q_proj.weight": (qw, h)}
+        return out | {p + "kv_a_proj_with_mqa.weight": (self.kv_rank + self.rope_dim, h),
+                      p + "kv_a_layernorm.weight": (self.kv_rank,),
+                      p + "kv_b_proj.weight": (self.heads * (self.nope + self.v_dim), self.kv_rank),
+                      p + "o_proj.weight": (h, self.heads * self.v_dim)}
+
     def tensors(self) -> dict[str, tuple[int, ...]]:
         """Every weight tensor, HF name -> shape [out, in]."""
-        h, hd, out = self.hidden, self.head_dim, {"model.embed_tokens.weight": (self.vocab, self.hidden)}
+        h, out = self.hidden, {"model.embed_tokens.weight": (self.vocab, self.hidden)}
         for i in range(self.layers):
             p = f"model.layers.{i}."
             out[p + "input_layernorm.weight"] = (h,)
             out[p + "post_attention_layernorm.weight"] = (h,)
-            if self.qk_norm:
-                out[p + "self_attn.q_norm.weight"] = (hd,)
-                out[p + "self_attn.k_norm.weight"] = (hd,)
-            out[p + "self_attn.q_proj.weight"] = (self.heads * hd, h)
-            out[p + "self_attn.k_proj.weight"] = (self.kv_heads * hd, h)
-            out[p + "self_attn.v_proj.weight"] = (self.kv_heads * hd, h)
-            out[p + "self_attn.o_proj.weight"] = (h, self.heads * hd)
-            if self.is_moe:
+            out |= self._attention_tensors(p + "self_attn.")
+            mlps = [(p + "mlp.", self.intermediate)]
+            if self.moe_layer(i):
                 out[p + "mlp.gate.weight"] = (self.experts, h)
-                for e in range(self.experts):
-                    q = f"{p}mlp.experts.{e}."
-                    out[q + "gate_proj.weight"] = (self.moe_intermediate, h)
-                    out[q + "up_proj.weight"] = (self.moe_intermediate, h)
-                    out[q + "down_proj.weight"] = (h, self.moe_intermediate)
-            else:
-                out[p + "mlp.gate_proj.weight"] = (self.intermediate, h)
-                out[p + "mlp.up_proj.weight"] = (self.intermediate, h)
-                out[p + "mlp.down_proj.weight"] = (h, self.intermediate)
+                mlps = [(f"{p}mlp.experts.{e}.", self.moe_intermediate) for e in range(self.experts)]
+                mlps += [(p + "mlp.shared_experts.", self.shared)] if self.shared else []
+            for q, width in mlps:
+                out[q + "gate_proj.weight"] = (width, h)
+                out[q + "up_proj.weight"] = (width, h)
+                out[q + "down_proj.weight"] = (h, width)
         out["model.norm.weight"] = (h,)
         out["lm_head.weight"] = (self.vocab, h)
         return out
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors that are not operators: DeepSeek's router score-correction bias, held at
+        zero here (DeepSeek moves it by load balancing, outside the gradient)."""
+        if self.scoring != "sigmoid":
+            return {}
+        return {f"model.layers.{i}.mlp.gate.e_score_correction_bias": torch.zeros(self.experts)
+                for i in range(self.layers) if self.moe_layer(i)}
 
     def check_catalog(self, catalog) -> None:
         """The plan's operators must be exactly this model's tensors (plus the KV-cache pseudo tensors)."""
@@ -135,11 +181,15 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return bf16(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w)
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (HF "rotate_half" layout) of x [B, H, T, D] at positions pos [T]."""
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float, interleave: bool = False) -> torch.Tensor:
+    """Rotary embedding of x [B, H, T, D] at positions pos [T]: HF "rotate_half" layout, or DeepSeek's
+    interleaved pairs (x0, x1), (x2, x3).. (returned de-interleaved, as transformers does)."""
     d = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     ang = pos.float()[:, None] * inv[None, :]
+    if interleave:
+        x1, x2, cos, sin = x[..., 0::2], x[..., 1::2], ang.cos(), ang.sin()
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
@@ -185,24 +235,75 @@ def _attention(arch: Arch, ex: Exec, i: int, x: torch.Tensor, pos: torch.Tensor,
         k, v = ex.kv(i, k, v)
         k, v = cache.append(i, k, v)
     rep = arch.heads // arch.kv_heads
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+    return _attend(ex, p, q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+
+
+def _attend(ex: Exec, p: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of q [B, H, t, D] over k, v [B, H, T, .] (the last t of T are new), then o_proj."""
+    b, h, t, d = q.shape
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(d)
     tk = k.shape[2]
     mask = torch.ones(t, tk, dtype=torch.bool).tril(tk - t)
     s = s.masked_fill(~mask, float("-inf"))
-    o = bf16(torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, t, arch.heads * hd)
+    o = bf16(torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, t, h * v.shape[-1])
     return ex.linear(p + "o_proj.weight", o)
+
+
+def _mla(arch: Arch, ex: Exec, i: int, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None):
+    """DeepSeek MLA. The cache holds what SGLang's MLA cache holds: the normalized KV latent and the
+    roped shared key part (one "head"); K and V are expanded from the latent by kv_b_proj at every step."""
+    b, t, _ = x.shape
+    p, n, r = f"model.layers.{i}.self_attn.", arch.nope, arch.rope_dim
+    if arch.q_rank:
+        qa = rms_norm(ex.linear(p + "q_a_proj.weight", x), ex.weight(p + "q_a_layernorm.weight"), arch.eps)
+        q = ex.linear(p + "q_b_proj.weight", qa)
+    else:
+        q = ex.linear(p + "q_proj.weight", x)
+    q_pass, q_rot = q.view(b, t, arch.heads, n + r).transpose(1, 2).split([n, r], -1)
+    latent, k_rot = ex.linear(p + "kv_a_proj_with_mqa.weight", x).split([arch.kv_rank, r], -1)
+    latent = rms_norm(latent, ex.weight(p + "kv_a_layernorm.weight"), arch.eps).view(b, 1, t, arch.kv_rank)
+    q_rot = rope(q_rot, pos, arch.theta, arch.rope_interleave)
+    k_rot = bf16(rope(k_rot.reshape(b, 1, t, r), pos, arch.theta, arch.rope_interleave))
+    if cache is not None:
+        latent, k_rot = ex.kv(i, latent, k_rot)
+        latent, k_rot = cache.append(i, latent, k_rot)
+    tk = latent.shape[2]
+    kv = ex.linear(p + "kv_b_proj.weight", latent).view(b, tk, arch.heads, n + arch.v_dim).transpose(1, 2)
+    k_pass, v = kv.split([n, arch.v_dim], -1)
+    k = torch.cat([k_pass, k_rot.expand(b, arch.heads, tk, r)], -1)
+    return _attend(ex, p, bf16(torch.cat([q_pass, q_rot], -1)), k, v)
+
+
+
+
+
+def _route(arch: Arch, logits: torch.Tensor, forced: torch.Tensor | None):
+    """(own top-k ids, ids used, their gate weights). Softmax: Qwen3-MoE. Sigmoid: DeepSeek-V3 (group-
+    limited choice on the scores, weights renormalized then scaled by routed_scaling_factor)."""
+    if arch.scoring == "sigmoid":
+        scores = logits.sigmoid()
+        ng, kg = arch.groups
+        if ng > 1:
+            grouped = scores.view(*scores.shape[:-1], ng, -1)
+            top = grouped.topk(2, -1).values.sum(-1).topk(kg, -1).indices
+            keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter(-1, top, True)
+            choice = grouped.masked_fill(~keep[..., None], float("-inf")).flatten(-2)
+        else:
+            choice = scores
+    else:
+        scores = choice = torch.softmax(logits, -1)
+    own = choice.topk(arch.topk, -1).indices
+    idx = own if forced is None else forced
+    w = scores.gather(-1, idx)
+    if arch.norm_topk:
+        w = w / (w.sum(-1, keepdim=True) + (1e-20 if arch.scoring == "sigmoid" else 0.0))
+    return own, idx, w * arch.routed_scale
 
 
 def _moe(arch: Arch, ex: Exec, i: int, x: torch.Tensor, forced: torch.Tensor | None, routes: Routes):
     b, t, h = x.shape
     p = f"model.layers.{i}.mlp."
-    probs = torch.softmax(ex.linear(p + "gate.weight", x).float(), -1)  # router in fp32 after its GEMM
-    own = probs.topk(arch.topk, -1).indices
-    idx = own if forced is None else forced
-    w = probs.gather(-1, idx)
-    if arch.norm_topk:
-        w = w / w.sum(-1, keepdim=True)
+    own, idx, w = _route(arch, ex.linear(p + "gate.weight", x).float(), forced)  # router in fp32 after its GEMM
     routes.own.append(own)
     routes.used.append(idx)
     xf, idx_f, w_f = x.reshape(-1, h), idx.reshape(-1, arch.topk), w.reshape(-1, arch.topk)
@@ -214,7 +315,10 @@ def _moe(arch: Arch, ex: Exec, i: int, x: torch.Tensor, forced: torch.Tensor | N
         xe, q = xf[tok], f"{p}experts.{e}."
         y = _swiglu(ex, q, xe)
         out = out.index_add(0, tok, y * w_f[tok, slot, None])
-    return bf16(out).view(b, t, h)
+    out = bf16(out).view(b, t, h)
+    if arch.shared:
+        out = bf16(out + _swiglu(ex, p + "shared_experts.", x))
+    return out
 
 
 def _swiglu(ex: Exec, p: str, x: torch.Tensor) -> torch.Tensor:
@@ -226,20 +330,23 @@ def forward(arch: Arch, ex: Exec, tokens: torch.Tensor, cache: KVCache | None = 
             replay: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, Routes]:
     """Logits [B, T, V] (float32) for tokens [B, T], continuing `cache` when given.
 
-    `replay`: per MoE layer, expert ids [B, T, k] to use instead of this router's top-k
-    (routing replay); the gate weights still come from this execution's router.
+    `replay`: per MoE layer (in layer order, dense layers skipped), expert ids [B, T, k] to use
+    instead of this router's top-k (routing replay); the gate weights still come from this
+    execution's router.
     """
     start = cache.length if cache is not None else 0
     pos = torch.arange(start, start + tokens.shape[1])
     x = bf16(F.embedding(tokens, ex.weight("model.embed_tokens.weight")))
     routes = Routes([], [])
+    attention = _mla if arch.mla else _attention
     for i in range(arch.layers):
         p = f"model.layers.{i}."
-        x = x + _attention(arch, ex, i, rms_norm(x, ex.weight(p + "input_layernorm.weight"), arch.eps), pos, cache)
+        x = x + attention(arch, ex, i, rms_norm(x, ex.weight(p + "input_layernorm.weight"), arch.eps), pos, cache)
         x = bf16(x)
         hn = rms_norm(x, ex.weight(p + "post_attention_layernorm.weight"), arch.eps)
-        if arch.is_moe:
-            x = bf16(x + _moe(arch, ex, i, hn, None if replay is None else replay[i], routes))
+        if arch.moe_layer(i):
+            forced = None if replay is None else replay[len(routes.used)]
+            x = bf16(x + _moe(arch, ex, i, hn, forced, routes))
         else:
             x = bf16(x + _swiglu(ex, p + "mlp.", hn))
     x = rms_norm(x, ex.weight("model.norm.weight"), arch.eps)

@@ -14,12 +14,21 @@ from dataclasses import dataclass, field
 import torch
 
 from pcc.numerics import Quantized, quantize, scaled_gemm
+from pcc.numerics import formats as fm
+
+from .calibrate import quantize_static, static_targets
 
 from .linear import Gemm
 from .model import Arch, KVCache, bf16, forward
 from .precision import kv_gemms, rollout_gemms
 from .sync import verify
 from .weights import convert_full, decode_operator
+
+
+# An FP8 KV cache is quantized with static per-tensor k_scale / v_scale. pcc's checkpoint carries
+# none, and SGLang (BaseKVCacheMethod) then uses 1.0 for both: so does this engine.
+KV_STATIC = {"fp8_e4m3": fm.E4M3, "fp8_e5m2": fm.E5M2}
+KV_SCALE = 1.0
 
 
 @dataclass
@@ -34,6 +43,7 @@ class Weights:
     manifest: dict = field(default_factory=dict)
     wire: dict[str, torch.Tensor] = field(default_factory=dict)  # the tensors as transferred
     base: "Weights | None" = None  # the full-weight version an adapter sits on
+    input_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # static NVFP4 activation scales
 
 
 @dataclass
@@ -73,7 +83,7 @@ class RolloutEngine:
                     mod = k.removesuffix(".lora_A.weight")
                     ad[mod + ".weight"] = (received[k].float(), received[mod + ".lora_B.weight"].float())
             return Weights(man["version"], {**base.tensors, **received}, base.values, base.quantized, ad, man,
-                           received, base)
+                           received, base, base.input_scales)
         tensors = convert_full(self.plan, received) if man.get("bridge") == "bf16" else received
         values, quantized = {}, {}
         for i, op in enumerate(self.plan.catalog.operators):
@@ -87,7 +97,8 @@ class RolloutEngine:
                 quantized[op.tensor] = w
             else:
                 values[op.tensor] = w.dequantize(torch.float32)
-        return Weights(man["version"], dict(tensors), values, quantized, {}, man, received)
+        scales = {op: tensors[name].float().reshape(()) for op, name in static_targets(self.plan).items()}
+        return Weights(man["version"], dict(tensors), values, quantized, {}, man, received, None, scales)
 
     def activate(self, man: dict, received: dict[str, torch.Tensor]) -> Weights:
         """Verify, decode, then swap in atomically; on any error the active version is untouched."""
@@ -144,14 +155,16 @@ class _RolloutExec:
         g = self.eng.gemms[name]
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        q = self.w.quantized.get(name)
+        q, static = self.w.quantized.get(name), self.w.input_scales.get(name)
         if q is not None:  # real low-precision GEMM: quantized activation x stored codes + scales
-            qx = quantize(x2.float().contiguous(), g.scheme, "activation", name=f"{name} rollout activation")
+            qx = quantize_static(x2, g.scheme, static) if static is not None else \
+                quantize(x2.float().contiguous(), g.scheme, "activation", name=f"{name} rollout activation")
             y = scaled_gemm(qx, q)
-            y = bf16(y) if g.output == "bf16" else y
+        elif static is not None and "activation" in g.roles:
+            y = quantize_static(x2, g.scheme, static).dequantize(torch.float32) @ self.w.values[name].t()
         else:
             y = g.operand(x2, "activation", name) @ self.w.values[name].t()
-            y = bf16(y) if g.output == "bf16" else y
+        y = bf16(y) if g.output == "bf16" else y
         ad = self.w.adapters.get(name)
         if ad is not None:
             a, b = ad
@@ -162,5 +175,8 @@ class _RolloutExec:
         g = self.eng.kv.get(layer)
         if g is None:
             return bf16(k), bf16(v)
+        fmt = KV_STATIC.get(g.scheme.format)
+        if fmt is not None:  # SGLang: fp8(k / k_scale), static per tensor
+            return tuple(fm.decode_fp8(fm.encode_fp8(t.float() / KV_SCALE, fmt)) * KV_SCALE for t in (k, v))
         return (g.operand(k, "activation", f"layer {layer} k cache"),
                 g.operand(v, "activation", f"layer {layer} v cache"))

@@ -69,7 +69,7 @@ def execute(compiled, cfg: RunConfig, out: Path, resume: bool = False, plots: bo
     summary["rollout_version"] = run.rollout.active.version
     write_json(out / "summary.json", summary)
     (out / "summary.txt").write_text(render(summary) + "\n", encoding="utf-8")
-    save_model(out / "model", run.trainer.weights(), compiled.plan.catalog.config)
+    save_model(out / "model", run.trainer.weights() | run.arch.buffers(), compiled.plan.catalog.config)
     save_tensors(out / "rollout" / "model.safetensors", run.rollout.active.tensors,
                  {"version": str(run.rollout.active.version)})
     if plots and run.history:

@@ -3,6 +3,8 @@
 `convert_full` calls `pcc.convert.tensors.rollout_tensors`, the function `pcc convert`
 writes checkpoints with, on the BF16 bridge of the trainer's parameters, so a live
 sync and an offline conversion of the same weights produce the same bytes.
+The same converter step calibrates each NVFP4 operator's static `input_scale`
+(`calibrate.input_scales`), so every converted version carries its own.
 `decode_operator` is the rollout engine's loader: from those tensors back to codes +
 scales (`Quantized`, for real low-precision GEMMs) or reconstructed values.
 """
@@ -16,13 +18,15 @@ from pcc.lower.converter import tensor_targets
 from pcc.numerics import Quantized
 from pcc.numerics.packing import unpack_int32x8
 
+from .calibrate import input_scales
 from .linear import numerics_scheme
 
 BRIDGE = {"bf16": torch.bfloat16}
 
 
 def convert_full(plan, weights: dict[str, torch.Tensor], bridge: str = "bf16") -> dict[str, torch.Tensor]:
-    """Every operator's rollout tensors (fused MXFP4 experts assembled), from the trainer's weights."""
+    """Every operator's rollout tensors (fused MXFP4 experts assembled) and calibrated NVFP4 input scales,
+    from the trainer's weights."""
     out: dict[str, torch.Tensor] = {}
     dtype = BRIDGE.get(bridge, torch.bfloat16)
     for i, op in enumerate(plan.catalog.operators):
@@ -37,6 +41,7 @@ def convert_full(plan, weights: dict[str, torch.Tensor], bridge: str = "bf16") -
             if name not in out:
                 out[name] = torch.zeros(entry["targets"][name]["shape"], dtype=piece.dtype)
             place_fused(out[name], piece, entry["fuse"])
+    out.update(input_scales(plan, {k: v.to(dtype) for k, v in weights.items()}))
     return out
 
 

@@ -14,7 +14,8 @@ def register(sub) -> None:
                    help="the rollout engine: the embedded runtime, or an SGLang server")
     s.add_argument("--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
     s.add_argument("--keep-going", action="store_true", help="run every level even after one fails")
-    s.add_argument("--model", help="re-resolve the contract on this catalog (e.g. tiny_moe) on hardware cpu")
+    s.add_argument("--model", help="re-resolve the contract on this catalog (e.g. tiny_moe, or auto: the CPU-size "
+                                   "stand-in for the contract's model) on hardware cpu")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--steps", type=int, default=None, help="level 8: RL steps (default 6)")
     s.add_argument("--inject-fault", action="append", default=[], metavar="NAME",

@@ -58,6 +58,8 @@ class Context:
         self.adapter = self.plan.contract.sync.moves == "adapter"
         self._engine: Engine | None = None
         self._checkpoint: Path | None = None
+        self.calibration: dict = {}
+        self.verified: dict = {}  # pcc verify-checkpoint of the file exactly as pcc convert wrote it
 
     def new_trainer(self, variant: str | None = None) -> Trainer:
         return Trainer(self.arch, self.plan, self.warm, self.cfg.lr, variant, self.cfg.seed)
@@ -75,17 +77,21 @@ class Context:
         return str(path)
 
     def checkpoint(self) -> Path:
-        """Source checkpoint (the trainer's weights, BF16) and the rollout checkpoint built from it."""
+        """Source checkpoint (the trainer's weights, BF16) and the rollout checkpoint built from it:
+        verified as `pcc convert` wrote it, then given calibrated static input scales (level 2 reports)."""
         if self._checkpoint is None:
             from pcc.convert.run import convert
+            from pcc.convert.verify import verify
             from pcc.runtime.checkpoint import save_model
 
             from .faults import after_convert
 
             src, dst = self.out / "source", self.out / "rollout"
-            save_model(src, self.runtime_trainer.weights(), self.plan.catalog.config)
+            save_model(src, self.runtime_trainer.weights() | self.arch.buffers(), self.plan.catalog.config)
             convert(self.contract_file(), str(src), str(dst), force=True)
             after_convert(self, dst)
+            self.verified = verify(self.contract_file(), str(dst), source=str(src), full=True)
+            self.calibration = calibrate_checkpoint(self.plan, self.runtime_trainer.weights(), dst)
             self._checkpoint = dst
         return self._checkpoint
 
@@ -151,3 +157,34 @@ class Context:
     def read_json(self, name: str):
         path = self.out / name
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def calibrate_checkpoint(plan, weights: dict[str, torch.Tensor], directory: Path) -> dict:
+    """The calibration step ModelOpt runs before export: write each NVFP4 operator's calibrated static
+    `input_scale` (pcc.runtime.calibrate, the values the live sync's converter step computes) into the
+    rollout checkpoint when `pcc convert` left others there. Returns what it replaced, for level 2."""
+    from safetensors.torch import save_file
+
+    from pcc.convert.source import open_source
+    from pcc.runtime.calibrate import input_scales
+
+    want = input_scales(plan, {k: v.to(torch.bfloat16) for k, v in weights.items()})
+    if not want:
+        return {}
+    src = open_source(directory)
+    try:
+        tensors = {n: src.load(n).clone() for n in src.where}
+        files = sorted(set(src.where.values()))
+    finally:
+        src.close()
+    wrote = {n: float(tensors[n]) for n in want if not torch.equal(tensors[n], want[n])}
+    if wrote:
+        if len(files) != 1:
+            raise RuntimeError(f"{directory}: calibrating input scales needs a single-file checkpoint, got {files}")
+        path = directory / files[0]
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({**tensors, **want}, str(tmp), metadata={"format": "pt"})
+        tmp.replace(path)
+    return {"operators": len(want), "replaced": wrote,
+            "calibrated": {n: float(t) for n, t in list(want.items())[:4]}}
+

@@ -11,7 +11,7 @@ from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
 NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "qwen3_30b_a3b", "qwen3_8b",
-         "tiny_dense", "tiny_moe")
+         "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -197,3 +197,18 @@ def test_importing_pcc_models_does_not_import_torch():
             "print('torch' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_tiny_shared_moe_counts():
+    """4 layers, the first dense; 3 MoE layers x 8 experts; MLA (q_a/q_b, kv_a/kv_b, two extra norms)."""
+    assert counts(load_catalog("tiny_shared_moe")) == {
+        "embed": 1, "attn.q": 4 * 2, "attn.kv": 4 * 2, "attn.o": 4, "mlp.gate_up": 1 * 2, "mlp.down": 1,
+        "router": 3, "experts.gate_up": 3 * 8 * 2, "experts.down": 3 * 8,
+        "shared_experts.gate_up": 3 * 2, "shared_experts.down": 3,
+        "norm": 4 * 2 + 4 * 2 + 1, "lm_head": 1, "kv_cache": 4}
+
+
+def test_tiny_moe_128_widths_take_128_groups():
+    for op in load_catalog("tiny_moe_128").operators:
+        if op.family.startswith("experts.") or op.family.startswith("attn."):
+            assert op.shape[1] % 128 == 0, op

@@ -97,7 +97,7 @@ def test_bundle_directory_and_big_models(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "contract.prec").write_text((CONTRACTS / "tiny_cpu.prec").read_text())
     assert compile_for_runtime(str(tmp_path / "b")).plan.catalog.name == "tiny_moe"
-    with pytest.raises(ContractError, match="--model tiny_moe"):
+    with pytest.raises(ContractError, match=r"--model auto \(here tiny_moe\)"):
         compile_for_runtime(str(CONTRACTS / "unified_fp8.prec"))
     p = compile_for_runtime(str(CONTRACTS / "unified_fp8.prec"), "tiny_moe").plan
     assert p.catalog.name == "tiny_moe" and p.contract.hardware == "cpu"

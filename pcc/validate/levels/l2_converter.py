@@ -1,7 +1,8 @@
 """Level 2, quantizer and converter: `pcc convert` writes the rollout checkpoint from the
 trainer's weights, `pcc verify-checkpoint --full` checks every tensor of it against pcc's
 quantizer and the element format's error bound, and the live sync's tensors (the runtime's
-`convert_full` of the same weights) must be the same bytes as the file.
+`convert_full` of the same weights) must be the same bytes as the file once its static NVFP4
+input scales are calibrated (the converter writes 1.0; the finding says so).
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ LOOK = ["the first problem per tensor family above (pcc verify-checkpoint CONTRA
 
 
 def run(ctx) -> Outcome:
-    from pcc.convert.verify import verify
     from pcc.runtime.weights import convert_full
 
     o = Outcome(look=list(LOOK))
     ckpt = ctx.checkpoint()
-    rep = verify(ctx.contract_file(), str(ckpt), source=str(ctx.out / "source"), full=True)
+    rep = ctx.verified
     o.figures.update({"checkpoint": str(ckpt), "layout": rep["layout"], "tensors": rep["tensors"],
                       "values_checked": rep["values_checked"], "problems": rep["problems"],
                       "codes equal pcc's quantizer": 1 if rep["ok"] else 0})
@@ -31,6 +31,15 @@ def run(ctx) -> Outcome:
         o.findings.append(f"checkpoint {p['family']}: {p['tensor']}: {p['message']}{more}")
     if not rep["ok"]:
         return o
+    cal = ctx.calibration
+    if cal:
+        o.figures["static input_scale operators"] = cal["operators"]
+        o.figures["input_scale left uncalibrated by pcc convert"] = len(cal["replaced"])
+        if cal["replaced"]:
+            first, value = next(iter(cal["replaced"].items()))
+            o.findings.append(f"pcc convert wrote {len(cal['replaced'])} uncalibrated input_scale tensor(s) (first "
+                              f"{first} = {value:g}); pcc validate replaced them with the calibration "
+                              "(pcc.runtime.calibrate.input_scales) before serving, as the live sync computes them")
     live = convert_full(ctx.plan, ctx.runtime_trainer.weights(), ctx.plan.contract.sync.bridge)
     disk = ctx.checkpoint_tensors()
     differ = [n for n, t in live.items() if n not in disk or not _same_bytes(t, disk[n])]

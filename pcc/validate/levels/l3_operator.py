@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from pcc.numerics import quantize, scaled_gemm
+from pcc.runtime.calibrate import quantize_static, static_targets
 from pcc.runtime.model import bf16, forward
 from pcc.runtime.precision import rollout_gemms
 
@@ -71,17 +72,24 @@ def run(ctx) -> Outcome:
               for idx in by_group.values()]  # the first operator of each group that saw tokens
     chosen = [i for i in chosen if i is not None]
     kernel = getattr(ctx.engine, "kernel", None)
+    disk = ctx.checkpoint_tensors()  # static activation scales as the engine loaded them (version 0)
+    static = {op: disk[n].float() for op, n in static_targets(plan).items()}
     rows, worst = [], 0.0
     for i in chosen:
         name = ops[i].tensor
         x = rec.seen[name]
         g, w = gemms[name], trainer.params[name].detach()
+        scale = static.get(name)
         y_bf16 = bf16(x) @ bf16(w).t()
-        y_qdq = g.operand(x, "activation", name) @ g.operand(w, "weight", name).t()
+        act = quantize_static(x, g.scheme, scale).dequantize(torch.float32) \
+            if scale is not None and "activation" in g.roles else g.operand(x, "activation", name)
+        y_qdq = act @ g.operand(w, "weight", name).t()
         row = {"tensor": name, "family": ops[i].family, "scheme": plan.scheme_name("rollout", i), "mode": g.mode,
-               "tokens": x.shape[0], "quantization_error": rel_err(y_qdq, y_bf16)}
+               "tokens": x.shape[0], "quantization_error": rel_err(y_qdq, y_bf16),
+               "activation scale": "dynamic" if scale is None else f"static input_scale {float(scale):.4g}"}
         if g.mode == "real" and {"weight", "activation"} <= g.roles:
-            qa = quantize(x.contiguous(), g.scheme, "activation", name=f"{name} activation")
+            qa = quantize(x.contiguous(), g.scheme, "activation", name=f"{name} activation") if scale is None \
+                else quantize_static(x, g.scheme, scale)
             qb = quantize(w.float().contiguous(), g.scheme, "weight", name=name)
             row["emulated_kernel_error"] = rel_err(scaled_gemm(qa, qb), y_qdq)
         if kernel is not None:  # the engine's output dtype applies to its reference too

@@ -28,10 +28,10 @@ LOOK = ["the active version and its manifest against what the trainer sent (weig
         "mixed versions: activation must wait for the batch (or abort it), never switch mid-trajectory"]
 
 
-def perturbed(ctx, seed: int) -> tuple[Trainer, Version, int]:
-    """A trainer holding a seeded change of relative size cfg.perturbation, and the version it syncs."""
+def perturbed(ctx, seed: int, eps: float | None = None) -> tuple[Trainer, Version, int]:
+    """A trainer holding a seeded change of relative size eps (cfg.perturbation), and the version it syncs."""
     g = torch.Generator().manual_seed(seed)
-    eps, plan, version = ctx.cfg.perturbation, ctx.plan, seed
+    eps, plan, version = eps or ctx.cfg.perturbation, ctx.plan, seed
     names = {plan.catalog.operators[i].tensor for i in plan.trainable}
     if ctx.adapter:
         tr = ctx.new_trainer()
@@ -49,6 +49,21 @@ def perturbed(ctx, seed: int) -> tuple[Trainer, Version, int]:
     return tr, ctx.full_version(version, convert_full(plan, tr.weights(), plan.contract.sync.bridge)), version
 
 
+def _sized(ctx, o: Outcome, version: int, tokens, p, mask, t0, s0):
+    """The synthetic change, grown (x4, up to 3 times) until the trainer alone predicts a measurable
+    score change: a small model under a frozen-base adapter can barely notice a 2% change."""
+    replay = s0.routes if ctx.plan.contract.routing_replay != "none" and s0.routes else None
+    eps = ctx.cfg.perturbation
+    for _ in range(4):
+        tr, ver, v = perturbed(ctx, version, eps)
+        t1, _ = LocalTrainer(tr).score(tokens, p, replay)
+        if _mean((t1 - t0) * mask, mask) >= 2e-3:
+            break
+        eps *= 4
+    o.figures["perturbation"] = eps
+    return tr, ver, v
+
+
 def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x.abs() * mask).sum() / mask.sum().clamp(min=1))
 
@@ -62,7 +77,7 @@ def run(ctx) -> Outcome:
     mask = ctx.task.response_mask(tokens)
     v0, _ = eng.active()
     t0, s0, _ = score_both(ctx, tokens, p)
-    tr1, ver1, v1 = perturbed(ctx, v0 + 1)
+    tr1, ver1, v1 = _sized(ctx, o, v0 + 1, tokens, p, mask, t0, s0)
     _partial(ctx, o, ver1, v0, tokens, p, s0.logp)
 
     eng.install(ver1)
@@ -141,7 +156,7 @@ def _partial(ctx, o: Outcome, ver: Version, v0: int, tokens, p: int, before) -> 
 def _mixed(ctx, o: Outcome, v1: int) -> None:
     """Generate while version v2 is activated after the second token; classify every token."""
     eng = ctx.engine
-    _, ver2, v2 = perturbed(ctx, v1 + 1)
+    _, ver2, v2 = perturbed(ctx, v1 + 1, o.figures.get("perturbation"))
     eng.install(ver2)
     gen = torch.Generator().manual_seed(ctx.cfg.seed + 17)
     prompts = ctx.task.prompts(ctx.cfg.prompts, gen)
