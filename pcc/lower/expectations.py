@@ -52,7 +52,9 @@ def _regime(plan: Plan) -> str:
     roll_q = {i for _, s, idx in used(plan, "rollout") if not s.wide for i in idx if ops[i].family != "kv_cache"}
     if not roll_q:
         return "wide"
-    if all(plan.scheme_name("fprop", i) == plan.scheme_name("rollout", i) for i in roll_q):
+    static = any(plan.scheme("rollout", i).format == "nvfp4" and plan.scheme("rollout", i).activations
+                 for i in roll_q)  # SGLang's static input_scale vs the trainer's per-GEMM amax
+    if not static and all(plan.scheme_name("fprop", i) == plan.scheme_name("rollout", i) for i in roll_q):
         return "matched"
     return "baseline" if plan.contract.trainable.kind == "lora" else "mismatched"
 
