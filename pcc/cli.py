@@ -151,9 +151,15 @@ def _read(path: str) -> dict[str, str]:
 
 def _atomic_write(path: Path, text: str) -> None:
     """Write beside the target and rename, so a reader never sees half a file."""
+    path = path.resolve()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _default_schema_dir() -> str:

@@ -87,9 +87,11 @@ def _readme(plan: Plan, lowered: list[Lowered]) -> str:
 def write_bundle(plan: Plan, out: str | Path, force: bool = False,
                  targets: tuple[str, ...] | None = None) -> dict[str, str]:
     """Write the bundle atomically; refuse to replace an existing directory unless `force`."""
-    out = Path(out)
+    out = Path(out).resolve()
     if out.exists() and not force:
         raise BundleError(f"{out} exists; pass --force to replace it")
+    if out.exists() and not is_bundle(out) and not (out.is_dir() and not any(out.iterdir())):
+        raise BundleError(f"{out} is not a pcc bundle; --force replaces bundles only, never other files")
     files, _ = bundle_files(plan, targets)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -43,9 +44,11 @@ def cmd_convert(args) -> int:
                 return 2
             shard = _size(args.max_shard_size) if args.max_shard_size else DEFAULT_SHARD_BYTES
             summary = convert(args.contract, args.source, args.to, resume=args.resume, force=args.force,
-                              max_shard_bytes=shard, progress=not args.json)
+                              max_shard_bytes=shard, progress=not args.json, calibrate=args.calibrate,
+                              calibration_tokens=args.calibration_tokens)
     except (ConvertError, ValueError, OSError) as err:
         return _fail(err, args.json)
+    _warn_input_scales(summary)
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
     elif "layout" in summary:
@@ -55,6 +58,19 @@ def cmd_convert(args) -> int:
     else:
         print(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")
     return 0
+
+
+def _warn_input_scales(summary: dict) -> None:
+    """Loud on stderr (also with --json): SGLang quantizes NVFP4 activations with these static scales."""
+    n = summary.get("uncalibrated_input_scales")
+    if n:
+        print(f"pcc convert: WARNING: {n} of {summary['input_scales']} NVFP4 input_scale tensor(s) written as 1.0, "
+              f"NOT calibrated ({summary['uncalibrated_reason']}). SGLang quantizes activations with this static "
+              "scale: calibrate (--calibrate, or a ModelOpt-calibrated source whose input_scale tensors are "
+              "carried over) before serving. docs/convert.md, 'Input scales'.", file=sys.stderr)
+    elif summary.get("calibrated_input_scales"):
+        print(f"pcc convert: calibrated {summary['calibrated_input_scales']} NVFP4 input_scale tensor(s) on "
+              f"{summary['calibration_batch']} in {summary['calibration_seconds']} s", file=sys.stderr)
 
 
 def cmd_verify(args) -> int:
@@ -71,6 +87,8 @@ def cmd_verify(args) -> int:
         for p in report["problems"]:
             more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""
             print(f"{args.directory}: {p['family']}: {p['tensor']}: {p['message']}{more}", file=sys.stderr)
+        for f in report["findings"]:
+            print(f"{args.directory}: warning: {f['family']}: {f['tensor']}: {f['message']}", file=sys.stderr)
         status = "ok" if report["ok"] else "FAILED"
         print(f"{args.directory}: {status}: {report['layout']} layout, {report['tensors']} tensors, "
               f"values checked for {report['values_checked']}")
@@ -78,6 +96,8 @@ def cmd_verify(args) -> int:
 
 
 def register(subparsers) -> None:
+    from pcc.convert.calibration import CPU_CALIBRATION_MAX_PARAMS as limit
+
     s = subparsers.add_parser("convert", help="build the rollout checkpoint a contract's rollout loads")
     s.add_argument("contract", metavar="CONTRACT|BUNDLE")
     s.add_argument("--from", dest="source", metavar="SRC", help="Hugging Face checkpoint (safetensors)")
@@ -86,6 +106,13 @@ def register(subparsers) -> None:
     s.add_argument("--force", action="store_true", help="replace an existing destination")
     s.add_argument("--max-shard-size", metavar="SIZE", help="largest output shard (default 5GB)")
     s.add_argument("--adapter", metavar="SRC", help="export a trainer-side LoRA adapter to PEFT layout instead")
+    s.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None,
+                   help="calibrate NVFP4 input_scale tensors the source lacks with pcc.runtime's model (default: "
+                        f"when the architecture is supported and at most {limit / 1e9:g}B parameters; --calibrate "
+                        "refuses unsupported architectures, --no-calibrate writes 1.0 and warns)")
+    s.add_argument("--calibration-tokens", metavar="FILE",
+                   help="safetensors file with one integer tensor [rows, seq] of token ids to calibrate on "
+                        "(default: pcc.runtime's fixed batch)")
     s.add_argument("--json", action="store_true", help="machine-readable summary")
     s.set_defaults(fn=cmd_convert)
 

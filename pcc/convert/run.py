@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from pcc.convert import ConvertError
+from pcc.convert.calibration import resolve as resolve_input_scales
 from pcc.convert.contract import load_plan
 from pcc.convert.shards import RECORDS, ST_DTYPES, complete, plan_shards, ShardWriter
 from pcc.convert.source import INDEX, Source, open_source
@@ -36,7 +37,10 @@ def partial_dir(dst: Path) -> Path:
 
 
 def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, force: bool = False,
-            max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = False) -> dict:
+            max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = False, calibrate: bool | None = None,
+            calibration_tokens: str | None = None) -> dict:
+    """calibrate: NVFP4 input scales the source lacks are calibrated (True: or refuse), calibrated
+    when the model is supported and small enough (None), or left 1.0 and counted (False)."""
     t0 = time.perf_counter()
     src = open_source(src_dir)
     plan = load_plan(contract, src.root)
@@ -50,11 +54,16 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             raise ConvertError(f"{work}: an interrupted conversion is there; --resume continues it, "
                                "--force starts over")
         shutil.rmtree(work)
+    try:
+        scales = resolve_input_scales(plan, src, calibrate, calibration_tokens)
+    except BaseException:
+        src.close()
+        raise
     (work / RECORDS).mkdir(parents=True, exist_ok=True)
 
-    items, order = _items(doc, src)
+    items, order = _items(doc, src, scales.values)
     shards = plan_shards(order, max_shard_bytes)
-    job = _job_id(doc, src, max_shard_bytes)
+    job = _job_id(doc, src, max_shard_bytes, scales.identity())
     done = {s.file for s in shards if resume and complete(work, s, job)}
     writer = ShardWriter(work, shards, done, job)
     for s in shards:
@@ -64,23 +73,24 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     todo = [it for it in items if any(writer.wanted(n) for n in it["emits"] + it["feeds"])]
     in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
     try:
-        _pipeline(plan, src, todo, writer, in_bytes, progress)
+        _pipeline(plan, src, todo, writer, in_bytes, progress, scales.values)
     finally:
         src.close()
     writer.finish()
     hashes = {s.file: writer.sha256.get(s.file) or _recorded(work, s) for s in shards}
-    _finish(plan, doc, src, work, shards, hashes, job)
+    _finish(plan, doc, src, work, shards, hashes, job, scales)
     _install(work, dst)
     secs = time.perf_counter() - t0
     return {"ok": True, "destination": str(dst), "layout": doc["layout"], "tensors": len(order),
             "shards": len(shards), "resumed_shards": len(done), "input_bytes": in_bytes,
             "output_bytes": sum(s.size for s in shards), "seconds": round(secs, 3),
-            "input_gb_per_s": round(in_bytes / secs / 1e9, 3) if secs else None}
+            "input_gb_per_s": round(in_bytes / secs / 1e9, 3) if secs else None} | scales.summary()
 
 
-def _items(doc: dict, src: Source) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
+def _items(doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
     """Work items in plan order, and every target (name, dtype, shape) in write order.
-    A fused target is written once its last part has been computed."""
+    A fused target is written once its last part has been computed. A source `input_scale` the plan
+    also lists as an operator's target is written there (carried over), not copied a second time."""
     items, order, seen = [], [], {}
     for k, e in enumerate(doc["tensors"]):
         if e["source"] not in src.where:
@@ -97,6 +107,8 @@ def _items(doc: dict, src: Source) -> tuple[list[dict], list[tuple[str, str, lis
         items.append(item)
     for e in doc["copied"]:
         name = e["source"]
+        if name in input_scales:
+            continue
         entry = src.entries[name]
         items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None})
         order.append((name, entry["dtype"], entry["shape"]))
@@ -108,10 +120,10 @@ def _src_bytes(src: Source, name: str) -> int:
     return b - a
 
 
-def _job_id(doc: dict, src: Source, max_shard_bytes: int) -> str:
-    """Identity of a conversion: its plan, its source's tensors, its shard size."""
+def _job_id(doc: dict, src: Source, max_shard_bytes: int, scales: str) -> str:
+    """Identity of a conversion: its plan, its source's tensors, its shard size, its input scales."""
     h = hashlib.sha256(json.dumps(doc, sort_keys=True).encode())
-    h.update(json.dumps([src.where, src.entries, max_shard_bytes], sort_keys=True).encode())
+    h.update(json.dumps([src.where, src.entries, max_shard_bytes, scales], sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -119,7 +131,8 @@ def _recorded(work: Path, shard) -> str:
     return json.loads((work / shard.record).read_text(encoding="utf-8"))["sha256"]
 
 
-def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes: int, progress: bool) -> None:
+def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes: int, progress: bool,
+              input_scales: dict) -> None:
     import torch
 
     from pcc.convert.tensors import place_fused, rollout_tensors
@@ -182,7 +195,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 break
             it, tensor = got
             nread = _src_bytes(src, it["source"])
-            for name, t in _compute(plan, src, it, tensor, fused, rollout_tensors, place_fused):
+            for name, t in _compute(plan, src, it, tensor, fused, rollout_tensors, place_fused, input_scales):
                 if writer.wanted(name):
                     put(out, (name, t, nread))
                     nread = 0
@@ -202,8 +215,9 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         raise err if isinstance(err, ConvertError) else ConvertError(str(err)) from err
 
 
-def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, place_fused):
-    """(name, tensor) pairs one work item contributes, in write order."""
+def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, place_fused, input_scales: dict):
+    """(name, tensor) pairs one work item contributes, in write order; NVFP4 input scales are the
+    carried or calibrated ones."""
     import torch
 
     file = src.root / src.where[it["source"]]
@@ -220,6 +234,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, 
         _check_finite(tensor, it["source"], file)
     elif entry["dtype"] not in _WIDE_SOURCE:
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
+    pieces = {n: input_scales.get(n, t) for n, t in pieces.items()}
     if it["fuse"] is None:
         return list(pieces.items())
     ready = []
@@ -273,7 +288,7 @@ def _bar(total: int, progress: bool):
     return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
 
 
-def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str) -> None:
+def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str, scales) -> None:
     """config.json, index, side files, manifest; then the written headers checked against the plan."""
     config = dict(src.config)
     config.pop("quantization_config", None)
@@ -289,7 +304,7 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
     if len(shards) > 1:
         _write_json(work / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
     _write_json(work / "pcc_convert.json", {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
-                                            "shards": hashes})
+                                            "shards": hashes, "input_scales": scales.summary()})
     for s in shards:
         header = read_safetensors_header(work / s.file)
         if list(header) != s.names or (work / s.file).stat().st_size != s.size:

@@ -13,8 +13,9 @@ from pcc.numerics import Scheme, quantize
 from pcc.numerics.packing import pack_e2m1x2, pack_int32x8
 from pcc.plan import Plan
 
-# ModelOpt NVFP4 needs a static activation scale; without calibration data the converter
-# writes 1.0 (activations quantize with a global encode factor of 1: |x| <= 448*6 fits).
+# ModelOpt NVFP4 needs a static activation scale, which weights alone do not give: this 1.0 is a
+# placeholder that `pcc convert` replaces with the source's or a calibrated scale (pcc.convert.calibration)
+# and otherwise counts as uncalibrated; the runtime's sync replaces it with its calibration.
 NVFP4_INPUT_SCALE = 1.0
 
 

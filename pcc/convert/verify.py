@@ -4,7 +4,9 @@ Checks names, dtypes and shapes of every expected tensor (scale grids included),
 else is there, that the tensors stored wide are exactly the plan's skip list, that config.json
 carries the plan's quantization_config; then for a sample (one tensor per recipe, or all with
 `--full`): scales are valid, and, given the source, codes equal pcc's quantizer byte for byte
-and dequantized values lie within the scheme's error bound of the source.
+and dequantized values lie within the scheme's error bound of the source. Every NVFP4
+`input_scale` is read: not finite or not positive is a problem, 1.0 (uncalibrated) a finding;
+given the source, one it carries must have been copied unchanged.
 """
 
 from __future__ import annotations
@@ -67,11 +69,36 @@ def verify(contract: str, directory: str, source: str | None = None, full: bool 
         extra = sorted(set(stored_wide) - set(doc["skip"]))[:3]
         lacking = sorted(set(doc["skip"]) - set(stored_wide))[:3]
         report("skip", "skip list", f"wide tensors differ from the contract's exceptions: extra {extra}, missing {lacking}")
-    checked = 0
+    checked, findings, uncalibrated = 0, [], 0
     if not problems or set(problems) <= {"config"}:
         checked = _values(plan, doc, out, src, full, report)
+        uncalibrated, findings = _input_scales(doc, out, report)
     return {"ok": not problems, "directory": str(root), "layout": doc["layout"], "tensors": len(expected),
-            "values_checked": checked, "problems": sorted(problems.values(), key=lambda p: p["family"])}
+            "values_checked": checked, "problems": sorted(problems.values(), key=lambda p: p["family"]),
+            "findings": findings, "uncalibrated_input_scales": uncalibrated}
+
+
+def _input_scales(doc: dict, out, report) -> tuple[int, list[dict]]:
+    """Every NVFP4 `input_scale` (scalars: all of them, always): finite and positive, else a problem;
+    exactly 1.0 is the uncalibrated value (ModelOpt's amax / 2688 is 1.0 only at amax 2688), a finding:
+    the checkpoint loads, but SGLang would quantize activations with an encode factor nobody measured."""
+    import math
+
+    names = [n for e in doc["tensors"] for n in e["targets"] if n.endswith(".input_scale")
+             and doc["recipes"][e["recipe"]]["layout"] == "nvfp4"]
+    ones = []
+    for name in names:
+        v = float(out.load(name).float().reshape(-1)[0])
+        if not (math.isfinite(v) and v > 0):
+            report("input_scale", name, f"{v}: an input_scale must be finite and positive")
+        elif v == 1.0:
+            ones.append(name)
+    if not ones:
+        return 0, []
+    return len(ones), [{"family": "input_scale", "tensor": ones[0], "count": len(ones),
+                        "message": f"1.0: uncalibrated ({len(ones)} of {len(names)} NVFP4 input_scale tensors); "
+                                   "SGLang quantizes activations with this static scale: convert with --calibrate "
+                                   "or from a ModelOpt-calibrated source (docs/convert.md, 'Input scales')"}]
 
 
 def _sample(doc: dict, full: bool) -> list[int]:
@@ -103,6 +130,12 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
             x = src.load(e["source"])
             mine = rollout_tensors(plan, i, x)
             for name, t in mine.items():
+                if name.endswith(".input_scale") and layout == "nvfp4":
+                    have = src.load(name).float().reshape(-1)[0] if name in src.where else written[name]
+                    if float(written[name]) != float(have):  # a source's scale is carried over unchanged
+                        report(fam, name, f"{float(written[name])}, the source's input_scale is {float(have)}")
+                        break
+                    continue  # calibrated or uncalibrated: _input_scales
                 a, b = _bytes(t), _bytes(written[name])
                 if not torch.equal(a, b):
                     where = int((a != b).nonzero()[0]) if a.numel() == b.numel() else "size"
@@ -134,7 +167,7 @@ def _scales_invalid(layout: str, written: dict) -> str | None:
     import torch
 
     for name, t in written.items():
-        if name.endswith(("_scale_inv", ".weight_scale", "_scale_2")) and t.dtype == torch.float32:
+        if name.endswith(("_scale_inv", ".weight_scale", "_scale_2", ".input_scale")) and t.dtype == torch.float32:
             if not bool((torch.isfinite(t) & (t > 0)).all()):
                 return f"{name}: scales must be finite and positive"
         if layout in ("mxfp8", "mxfp4") and t.dtype == torch.uint8 and name.endswith(("_scale_inv", "_scales")):

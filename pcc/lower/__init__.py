@@ -35,6 +35,12 @@ class Lowered:
     notes: list[str] = field(default_factory=list)  # why each non-obvious value was chosen
 
 
+def module_leaf(tensor: str) -> str:
+    """HF tensor name -> the module's leaf name, as engines match LoRA targets
+    ("model.layers.3.self_attn.q_proj.weight" -> "q_proj")."""
+    return tensor.removesuffix(".weight").rsplit(".", 1)[-1]
+
+
 TargetFn = Callable[[Plan], Lowered]
 # name -> module; a module registers its function with @target(name) when imported.
 TARGET_MODULES = {

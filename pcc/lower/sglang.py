@@ -14,7 +14,7 @@ import shlex
 
 import yaml
 
-from pcc.lower import Lowered, target
+from pcc.lower import Lowered, module_leaf, target
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.plan import Plan
 from pcc.plan.checks import hardware_of
@@ -32,11 +32,6 @@ class LoweringError(ValueError):
 @functools.lru_cache(maxsize=1)
 def tables() -> dict:
     return yaml.safe_load((data_dir("targets") / "sglang.yaml").read_text(encoding="utf-8"))
-
-
-def _leaf(tensor: str) -> str:
-    """HF tensor name -> module leaf ("model.layers.3.self_attn.q_proj.weight" -> "q_proj")."""
-    return tensor.rsplit(".", 2)[-2]
 
 
 def _kv_cache_dtype(plan: Plan) -> str:
@@ -67,7 +62,7 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
     t, tab, ops = plan.contract.trainable, tables(), plan.catalog.operators
     names, families = set(), set()
     for i in plan.trainable:
-        op, leaf = ops[i], _leaf(ops[i].tensor)
+        op, leaf = ops[i], module_leaf(ops[i].tensor)
         if leaf not in tab["lora_modules"].get(op.family, ()):
             raise LoweringError(f"{op.tensor}: SGLang has no LoRA target for {op.family} module '{leaf}' "
                                 f"(targets per family: targets/sglang.yaml lora_modules)")
@@ -87,7 +82,7 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
     # SGLang selects modules by (fused) leaf name in every layer: name what it covers beyond the plan.
     trained = set(plan.trainable)
     extra = [i for i, op in enumerate(ops) if i not in trained and op.family in tab["lora_modules"]
-             and tab["lora_fused"].get(_leaf(op.tensor), _leaf(op.tensor)) in fused
+             and tab["lora_fused"].get(module_leaf(op.tensor), module_leaf(op.tensor)) in fused
              and (moe_wrapped or not op.family.startswith("experts."))]
     if extra:
         shown = ", ".join(ops[i].tensor for i in extra[:3])

@@ -185,6 +185,11 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         rep.error("PCC304", f"'param_gather {t.param_gather}' needs the distributed optimizer",
                   smap.find("trainer.param_gather"), path="trainer.param_gather",
                   hint="write 'optimizer adam distributed'")
+    for ref, spec, _ in used(plan, "fprop"):
+        if t.engine == "megatron" and spec.format == "fp8_e5m2" and ref.gemm(spec) == "real":
+            rep.error("PCC313", "Transformer Engine runs FProp in E4M3 ('hybrid' means E4M3 forward, E5M2 "
+                      "backward); there is no E5M2 forward", smap.find(ref.path), path=ref.path,
+                      hint="use fp8_e4m3 for FProp, and fp8_e5m2 for DGrad/WGrad if you want hybrid")
     recipe = fp8_recipe(plan)
     if t.param_gather == "fp8" and opt.offload and recipe != "delayed":
         rep.error("PCC305", f"FP8 parameter all-gather with CPU optimizer offload needs delayed scaling, "
@@ -244,14 +249,17 @@ def fp8_recipe(plan: Plan) -> str | None:
 
 
 def _first_last_wide(plan: Plan) -> bool:
-    from pcc.plan.patterns import parse_pattern
+    """Whether the trainer keeps whole first or last layers wide while other layers run the FP8
+    recipe: what Megatron expresses with --first-last-layers-bf16."""
+    from pcc.plan.patterns import LINEAR
 
-    for ref in plan.rules:
-        if ref.section == "trainer" and plan.schemes.get(ref.rule.scheme, None) is not None \
-                and plan.schemes[ref.rule.scheme].wide:
-            if any(parse_pattern(p).layers for p in ref.rule.patterns):
-                return True
-    return False
+    quantized: dict[int, set[bool]] = {}
+    for i, op in enumerate(plan.catalog.operators):
+        if op.family in LINEAR and op.layer is not None:
+            quantized.setdefault(op.layer, set()).add(not plan.scheme("fprop", i).wide)
+    wide = {layer for layer, q in quantized.items() if q == {False}}
+    n = plan.catalog.num_layers
+    return bool(wide) and len(wide) < len(quantized) and (0 in wide or n - 1 in wide)
 
 
 @check
@@ -312,6 +320,25 @@ def sglang_state(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if bad:
         rep.error("PCC414", f"SGLang serves LoRA on routed experts only over BF16, block-FP8 or NVFP4 expert "
                   f"weights, not {', '.join(sorted(bad))}", where, path="trainable.targets")
+
+
+@check
+def rollout_layout(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
+    """PCC312: the rollout checkpoint carries one quantization_config, so every quantized rollout
+    weight shares one format, grouping, scale dtype, symmetry and scale rule."""
+    ops = plan.catalog.operators
+    first = None
+    for ref, spec, idx in used(plan, "rollout"):
+        if spec.wide or all(ops[i].family == "kv_cache" for i in idx):
+            continue
+        key = (spec.format, spec.weights, spec.scale, spec.symmetric, spec.scale_rule)
+        if first is None:
+            first = (key, ref)
+        elif first[0] != key:
+            other = first[1]
+            rep.error("PCC312", f"rollout weights are quantized two ways ({other.rule.scheme} at {other.path}, "
+                      f"{ref.rule.scheme} here); one checkpoint has one quantization_config",
+                      smap.find(ref.path), path=ref.path, hint="use one scheme for every quantized rollout weight")
 
 
 @check

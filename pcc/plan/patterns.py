@@ -64,7 +64,11 @@ def parse_pattern(text: str) -> Pattern:
         layers = []
         for part in m["ranges"].split(","):
             lo, _, hi = part.partition("..")
-            layers.append((int(lo), int(hi or lo)))
+            lo_i, hi_i = int(lo), int(hi or lo)
+            if (lo_i < 0) == (hi_i < 0) and lo_i > hi_i:
+                raise PatternError(f"layer range {part} in '{text}' is empty (it runs backwards)",
+                                   f"write [{hi_i}..{lo_i}]")
+            layers.append((lo_i, hi_i))
         layers = tuple(layers)
     elif "[" in text:
         raise PatternError(f"malformed layer range in '{text}'", "write e.g. experts.*[3..60] or linear[0,-1]")

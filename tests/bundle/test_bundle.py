@@ -60,3 +60,18 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_bundle(plan, tmp_path / "b")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_force_replaces_only_a_bundle(tmp_path):
+    plan = compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan
+    precious = tmp_path / "checkpoint"
+    precious.mkdir()
+    (precious / "model.safetensors").write_text("weights")
+    with pytest.raises(BundleError, match="not a pcc bundle"):
+        write_bundle(plan, precious, force=True, targets=LIGHT)
+    assert (precious / "model.safetensors").read_text() == "weights"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(BundleError, match="not a pcc bundle"):
+        write_bundle(plan, afile, force=True, targets=LIGHT)
+    assert afile.read_text() == "x"

@@ -41,7 +41,7 @@ def test_json_and_markdown(capsys):
 
 def test_contract_with_errors_exits_2_with_its_diagnostics(tmp_path, capsys):
     bad = tmp_path / "bad.prec"
-    bad.write_text(Path(A).read_text().replace("experts.* : fp8_row", "experts.* : fp8_rwo"))
+    bad.write_text(Path(A).read_text().replace("experts.* : fp8_block", "experts.* : fp8_rwo"))
     assert main(["diff", A, str(bad)]) == 2
     err = capsys.readouterr().err
     assert "PCC202" in err and "fp8_rwo" in err
@@ -97,12 +97,12 @@ def test_engine_arguments_through_a_registered_target(fake_target):
 
 def test_engine_argument_changes(fake_target, tmp_path):
     b = tmp_path / "b.prec"
-    b.write_text(Path(A).read_text().replace("experts.* : fp8_row", "experts.* : fp8_tensor")
+    b.write_text(Path(A).read_text().replace("fp8_block", "fp8_tensor")
                  .replace("norm\n  }", "norm\n    parallel tp 2\n  }", 1))
     r = diff_plans(compile_file(A).plan, compile_file(str(b)).plan, targets=(fake_target,))
     e = r["engines"][fake_target]
     assert {c["field"]: (c["from"], c["to"]) for c in e["args"]} == {
-        "--quantization": ("bf16,fp8_block,fp8_row", "bf16,fp8_block,fp8_tensor"), "--tp-size": ("1", "2")}
+        "--quantization": ("bf16,fp8_block", "bf16,fp8_tensor"), "--tp-size": ("1", "2")}
     assert e["env"] == [] and e["files"] == [{"path": "precision.yaml", "change": "changed"}]
 
 

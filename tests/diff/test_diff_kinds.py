@@ -108,8 +108,8 @@ def test_new_model_version_with_more_layers_and_experts():
 def test_redefined_scheme_name_shows_both_definitions(tmp_path):
     path_a, path_b = tmp_path / "a.prec", tmp_path / "b.prec"
     text = BASE.read_text().replace("  rollout sglang {", "  scheme s = fp8_e4m3 row\n\n  rollout sglang {")
-    path_a.write_text(text.replace("experts.* : fp8_row", "experts.* : s"))
-    path_b.write_text(text.replace("experts.* : fp8_row", "experts.* : s").replace("fp8_e4m3 row", "fp8_e4m3 tensor"))
+    path_a.write_text(text.replace(": fp8_block", ": s"))
+    path_b.write_text(text.replace(": fp8_block", ": s").replace("fp8_e4m3 row", "fp8_e4m3 tensor"))
     r = diff(str(path_a), str(path_b), targets=())
     rows = r["components"]["rollout"]
     assert rows and all(x["from"].startswith("s (fp8_e4m3") and x["from"] != x["to"] for x in rows)

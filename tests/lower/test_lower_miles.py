@@ -86,3 +86,16 @@ def test_launch_script_names_what_is_missing(tmp_path):
     script.write_text(m.files["miles/launch.sh"])
     r = subprocess.run(["bash", str(script)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert r.returncode != 0 and "PCC_ROLLOUT_CHECKPOINT" in r.stderr
+
+
+def test_correction_without_a_miles_flag_requires_its_implementation(tmp_path):
+    p = tmp_path / "mis.prec"
+    p.write_text("contract mis {\n  model tiny_moe\n  hardware H100\n  rollout sglang {\n    experts : fp8_block\n"
+                 "  }\n  correction mis clip 2.0\n  routing replay rollout\n}\n")
+    m = lower(compile_file(str(p)).plan, "miles")
+    script = tmp_path / "launch.sh"
+    script.write_text(m.files["miles/launch.sh"])
+    env = {"PATH": os.environ["PATH"], "PCC_ROLLOUT_CHECKPOINT": "/c", "PCC_REF_LOAD": "/r", "MILES_DIR": str(tmp_path)}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "PCC_TIS_FUNCTION" in r.stderr and "correction mis" in r.stderr
+    assert "--use-tis" in m.args and '--custom-tis-function-path "$PCC_TIS_FUNCTION"' in m.files["miles/launch.sh"]

@@ -69,8 +69,5 @@ def test_parse_preset_name():
 
 
 def test_parse_language_text():
-    lang = pytest.importorskip("pcc.lang")
-    if not hasattr(lang, "parse_scheme"):
-        pytest.skip("pcc.lang.parse_scheme is not written yet")
     s = Scheme.parse("fp8_e4m3 weights block 128x128 activations tile 1x128 scale fp32")
     assert s == Scheme.preset("fp8_block")
