@@ -45,7 +45,10 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     src = open_source(src_dir)
     plan = load_plan(contract, src.root)
     doc = converter_plan(plan)
-    dst = Path(dst_dir)
+    dst = Path(dst_dir).resolve()
+    root = Path(src.root).resolve()
+    if dst == root or root in dst.parents or dst in root.parents:
+        raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
     if dst.exists() and not force:
         raise ConvertError(f"{dst}: exists; pass --force to replace it")
     work = partial_dir(dst)
@@ -190,7 +193,10 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     fused: dict[str, torch.Tensor] = {}
     try:
         while not stop.is_set():
-            got = loaded.get()
+            try:  # a timeout, so a reader that failed (and set `stop`) never leaves us waiting
+                got = loaded.get(timeout=0.1)
+            except queue.Empty:
+                continue
             if got is _DONE:
                 break
             it, tensor = got

@@ -115,6 +115,18 @@ def _checked_header(path: Path) -> dict:
         raise ConvertError(str(err)) from None
     with path.open("rb") as f:
         length = int.from_bytes(f.read(8), "little")
+    item = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+            "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+    for name, e in header.items():
+        offsets, shape = e.get("data_offsets"), e.get("shape")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and isinstance(shape, list)):
+            raise ConvertError(f"{path}: the header entry of {name} lacks data_offsets or shape")
+        n = 1
+        for d in shape:
+            n *= d
+        if e.get("dtype") in item and offsets[1] - offsets[0] != n * item[e["dtype"]]:
+            raise ConvertError(f"{path}: {name} spans {offsets[1] - offsets[0]} bytes, but {e['dtype']} "
+                               f"{shape} needs {n * item[e['dtype']]}: the header is corrupt")
     end = max((e["data_offsets"][1] for e in header.values()), default=0)
     size = path.stat().st_size
     if size < 8 + length + end:

@@ -144,3 +144,41 @@ def test_verify_reports_tampered_codes_and_config(moe, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "attn.o: " + name + ": bytes differ from pcc's quantizer" in err
     assert "config: config.json: quantization_config" in err
+
+
+def test_a_reader_failure_is_an_error_not_a_hang(moe, tmp_path, capsys, monkeypatch):
+    """Regression: a tensor that failed to load mid-conversion once left the pipeline waiting forever."""
+    from pcc.convert import source
+
+    src, contract = moe
+    real = source.Source.load
+
+    def flaky(self, name):
+        if name.endswith("experts.3.down_proj.weight"):
+            raise OSError(f"read error in {name}")
+        return real(self, name)
+
+    monkeypatch.setattr(source.Source, "load", flaky)
+    assert _convert(src, contract, tmp_path / "dst") == 1
+    assert "read error" in capsys.readouterr().err and not (tmp_path / "dst").exists()
+
+
+def test_header_size_disagreeing_with_shape(moe, tmp_path, capsys):
+    src, contract = moe
+    shard = src / "model-00001-of-00002.safetensors"
+    raw = shard.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [1] + header[name]["shape"][1:]
+    text = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(text) == n
+    shard.write_bytes(raw[:8] + text + raw[8 + n:])
+    assert _convert(src, contract, tmp_path / "dst") == 1
+    assert f"{name} spans" in capsys.readouterr().err
+
+
+def test_destination_inside_the_source_is_refused(moe, capsys):
+    src, contract = moe
+    assert _convert(src, contract, src, "--force") == 1
+    assert "overlaps the source" in capsys.readouterr().err and any(src.glob("*.safetensors"))
