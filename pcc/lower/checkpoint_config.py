@@ -91,9 +91,7 @@ def _experts_prefix(plan: Plan, layer: int) -> str:
 
 def kv_cache_algo(plan: Plan) -> str | None:
     """"FP8" when rollout stores the KV cache in FP8 E4M3, else None (ModelOpt's names)."""
-    ops = plan.catalog.operators
-    fmts = {plan.scheme("rollout", idx[0]).format for rid, idx in plan.groups["rollout"]
-            if any(ops[i].family == "kv_cache" for i in idx)}
+    fmts = set(plan.kv_cache_formats())
     if fmts == {"fp8_e4m3"}:
         return "FP8"
     if fmts == {"nvfp4"}:

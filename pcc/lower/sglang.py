@@ -35,9 +35,7 @@ def tables() -> dict:
 
 
 def _kv_cache_dtype(plan: Plan) -> str:
-    ops = plan.catalog.operators
-    fmts = {plan.scheme("rollout", idx[0]).format for _, idx in plan.groups["rollout"]
-            if any(ops[i].family == "kv_cache" for i in idx)}
+    fmts = set(plan.kv_cache_formats())
     if len(fmts) > 1:
         raise LoweringError(f"SGLang stores the whole KV cache in one dtype; the plan asks for {sorted(fmts)}")
     fmt = fmts.pop() if fmts else "bf16"

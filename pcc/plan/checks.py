@@ -288,13 +288,7 @@ def trainable_and_sync(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 def sglang_state(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     """PCC311: SGLang has one KV cache dtype; PCC414: where SGLang can put LoRA on experts."""
     ops = plan.catalog.operators
-    kv = {}
-    for ref, spec, idx in used(plan, "rollout"):
-        if any(ops[i].family == "kv_cache" for i in idx):
-            kv[spec.format] = ref
-    owner = plan.owner["rollout"]
-    if kv and any(ops[i].family == "kv_cache" and owner[i] == -1 for i in range(len(ops))):
-        kv.setdefault("bf16", None)
+    kv = plan.kv_cache_formats()
     if len(kv) > 1:
         ref = next(r for r in kv.values() if r is not None)
         rep.error("PCC311", f"SGLang keeps one KV cache dtype, but the plan asks for {', '.join(sorted(kv))}",

@@ -74,6 +74,15 @@ class Plan:
         ops = self.catalog.operators
         return [ops[i].tensor for i, _ in enumerate(ops) if self.scheme_name(component, i) == scheme]
 
+    def kv_cache_formats(self) -> dict[str, "RuleRef | None"]:
+        """Rollout KV cache format -> the rule that chose it (None: the bf16 default)."""
+        ops, out = self.catalog.operators, {}
+        for rid, idx in self.groups["rollout"]:
+            if any(ops[i].family == "kv_cache" for i in idx):
+                ref = self.rules[rid] if rid != DEFAULT else None
+                out.setdefault(self.schemes[ref.rule.scheme].format if ref else DEFAULT_SCHEME, ref)
+        return out
+
     def quantized(self, component: str) -> bool:
         """Whether any weight (not the KV cache) has a low-precision scheme in `component`."""
         ops = self.catalog.operators
