@@ -229,3 +229,24 @@ def test_launch_script_refuses_a_missing_or_wrong_checkpoint(tmp_path):
     out = subprocess.run(["bash", str(tmp_path / "launch_server.sh")], capture_output=True, timeout=30,
                          env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "PCC_ROLLOUT_CHECKPOINT": str(bf16)})
     assert out.returncode == 1 and b"quant_method fp8" in out.stderr
+
+
+def test_block_fp8_checkpoint_config_written_by_hand():
+    """An independent expectation, from SGLang's Fp8Config fields and the contract read by eye:
+    tiny_moe (4 layers) with `linear : fp8_block` and `keep bf16 : embed, lm_head, router, norm`.
+    The linear modules left wide are the embedding, the four routers and the LM head (norms are
+    not linear modules, so SGLang never converts them)."""
+    import json
+
+    from pcc.lower.checkpoint_config import quantization_config
+
+    plan = compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan
+    expected = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["model.embed_tokens"] + [f"model.layers.{i}.mlp.gate" for i in range(4)]
+                                  + ["lm_head"],
+    }
+    assert quantization_config(plan) == expected
+    assert json.loads(lower(plan, "sglang").files["rollout/quantization_config.json"]) == expected
