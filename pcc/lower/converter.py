@@ -98,10 +98,20 @@ def _mxfp4_targets(plan: Plan, i: int) -> dict:
     fused = "gate_up_proj" if kind in ("gate_proj", "up_proj", "w1", "w3") else "down_proj"
     rows = 2 * n if fused == "gate_up_proj" else n
     e = cat.num_experts
-    t = {base + fused + "_blocks": _t("uint8", (e, rows, k // 32, 16)),
-         base + fused + "_scales": _t("uint8", (e, rows, k // 32))}
     parity = {"gate_proj": "even", "w1": "even", "up_proj": "odd", "w3": "odd"}.get(kind, "all")
-    return {"layout": "mxfp4", "targets": t, "fuse": {"expert": op.expert, "rows": parity, "parts": e * (2 if fused == "gate_up_proj" else 1)}}
+    return {"layout": "mxfp4", "targets": _fused_targets(base + fused, e, rows, k),
+            "fuse": _fuse(op.expert, parity, e * (2 if fused == "gate_up_proj" else 1))}
+
+
+@lru_cache(maxsize=None)
+def _fused_targets(prefix: str, e: int, rows: int, k: int) -> dict:
+    """One MoE layer's fused mxfp4 tensors; shared by all its experts' entries, so read-only."""
+    return {prefix + "_blocks": _t("uint8", (e, rows, k // 32, 16)), prefix + "_scales": _t("uint8", (e, rows, k // 32))}
+
+
+@lru_cache(maxsize=None)
+def _fuse(expert: int, rows: str, parts: int) -> dict:
+    return {"expert": expert, "rows": rows, "parts": parts}
 
 
 def _shard(plan: Plan, family: str, spec, shape) -> dict:
