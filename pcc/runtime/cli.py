@@ -12,8 +12,9 @@ import sys
 def _common(s) -> None:
     s.add_argument("contract", metavar="CONTRACT|BUNDLE",
                    help="a contract file, or a bundle directory with contract.prec")
-    s.add_argument("--model", help="run the contract on this catalog instead (tiny_moe, tiny_dense, tiny_moe_128, tiny_shared_moe, "
-                                   "or auto: the stand-in for the contract's model, docs/runtime.md): "
+    s.add_argument("--model", default="auto", help="run the contract on this catalog instead (tiny_moe, tiny_dense, tiny_moe_128, tiny_shared_moe, "
+                                   "or auto (the default): the contract's own model when it is CPU-size, else its "
+                                   "stand-in of the same structure, docs/runtime.md): "
                                    "re-resolved on hardware cpu with one-device parallelism")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--prompts", type=int, default=None, help="prompts per step (default 64)")
@@ -66,6 +67,9 @@ def _compile(args):
         from .model import Arch
 
         Arch.from_catalog(c.plan.catalog)
+        if c.model_override and args.model == "auto":
+            print(f"note: running on {c.model_override}, a CPU-size model of the same structure as the "
+                  f"contract's; --model chooses another", file=sys.stderr)
         return c
     except ContractError as exc:
         for d in exc.diagnostics:

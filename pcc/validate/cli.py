@@ -14,8 +14,9 @@ def register(sub) -> None:
                    help="the rollout engine: the embedded runtime, or an SGLang server")
     s.add_argument("--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
     s.add_argument("--keep-going", action="store_true", help="run every level even after one fails")
-    s.add_argument("--model", help="re-resolve the contract on this catalog (e.g. tiny_moe, or auto: the CPU-size "
-                                   "stand-in for the contract's model) on hardware cpu")
+    s.add_argument("--model", default="auto", help="re-resolve the contract on this catalog (e.g. tiny_moe), "
+                   "on hardware cpu; auto (the default): the contract's own model when it is CPU-size, else the "
+                   "stand-in of the same structure; with --engine http the contract's own model is used")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--steps", type=int, default=None, help="level 8: RL steps (default 6)")
     s.add_argument("--inject-fault", action="append", default=[], metavar="NAME",
@@ -49,7 +50,8 @@ def cmd_validate(args) -> int:
         cfg.steps = args.steps
     out = Path(args.out or f"runs/validate-{Path(args.contract).stem}")
     try:
-        report = validate(args.contract, levels, out, engine=args.engine, model=args.model,
+        model = None if args.engine != "local" and args.model == "auto" else args.model
+        report = validate(args.contract, levels, out, engine=args.engine, model=model,
                           keep_going=args.keep_going, cfg=cfg, inject=tuple(args.inject_fault),
                           progress=sys.stderr.isatty() and not args.json, plots=not args.no_plots)
     except FaultError as exc:
