@@ -113,3 +113,35 @@ def test_run_without_out_writes_under_the_working_directory(tmp_path, monkeypatc
     assert main(["run", str(contract), "--steps", "1", "--prompts", "2", "--group", "2", "--no-plots"]) == 0
     assert (tmp_path / "runs" / "tiny-cpu-s0" / "summary.json").is_file()
     assert not (data_dir("schemas") / "summary.json").exists()
+
+
+def test_model_from_a_checkpoint_resolves_against_its_real_names(tmp_path):
+    """`model from "<dir>"`: patterns resolve against the checkpoint's own names and shapes, read from
+    config.json and the safetensors headers (a tensor the catalog does not know becomes family 'other')."""
+    import torch
+    from safetensors.torch import save_file
+
+    from pcc.models.builtin import _CONFIGS
+    from pcc.plan import compile_file
+
+    config = json.loads((_CONFIGS / "tiny_dense.json").read_text())
+    ckpt = tmp_path / "ckpt dir"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(config))
+    from pcc.models import load_catalog
+
+    tensors = {op.tensor: torch.zeros(op.shape, dtype=torch.bfloat16)
+               for op in load_catalog("tiny_dense").operators if op.family != "kv_cache"}
+    tensors["visual.proj.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    contract = tmp_path / "c.prec"
+    contract.write_text('contract c {\n  model from "ckpt dir"\n  hardware H100\n  rollout {\n    linear : fp8_block\n'
+                        '    keep bf16 : "visual.*"\n  }\n}\n')
+    c = compile_file(str(contract))
+    assert c.ok, [d.render() for d in c.diagnostics]
+    ops = c.plan.catalog.operators
+    assert len(ops) == len(tensors) + config["num_hidden_layers"]  # + one KV cache per layer
+    visual = next(i for i, op in enumerate(ops) if op.tensor == "visual.proj.weight")
+    assert ops[visual].family == "other" and c.plan.scheme_name("rollout", visual) == "bf16"
+    q = next(i for i, op in enumerate(ops) if op.family == "attn.q")
+    assert c.plan.scheme_name("rollout", q) == "fp8_block"
