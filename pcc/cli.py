@@ -103,24 +103,29 @@ def cmd_fmt(args) -> int:
     from pcc.lang.fmt import format_source
     from pcc.lang.parser import read_source
 
-    status = 0
+    status, report = 0, []
     for path in args.files:
         try:
             text = read_source(path)
             out = format_source(text, path)
         except DiagnosticError as exc:
-            _print_diagnostics(exc.diagnostics, _read(path), False)
+            _print_diagnostics(exc.diagnostics, _read(path), args.json)
+            report.append({"file": path, "ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
             status = max(status, 1)
             continue
+        report.append({"file": path, "ok": True, "canonical": out == text})
         if args.check:
             if out != text:
-                print(f"{path}: would be reformatted", file=sys.stderr)
+                if not args.json:
+                    print(f"{path}: would be reformatted", file=sys.stderr)
                 status = 1
         elif args.write:
             if out != text:
                 _atomic_write(Path(path), out)
-        else:
+        elif not args.json:
             sys.stdout.write(out)
+    if args.json:
+        print(json.dumps(report, indent=1))
     return status
 
 
@@ -176,7 +181,10 @@ COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.conve
 def parser() -> argparse.ArgumentParser:
     import importlib
 
+    from pcc import __version__
+
     p = argparse.ArgumentParser(prog="pcc", description="The precision-contract compiler for LLM RL.")
+    p.add_argument("--version", action="version", version=f"pcc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("check", help="parse, resolve and check contracts")
@@ -189,6 +197,7 @@ def parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonical")
     g.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
+    s.add_argument("--json", action="store_true", help="report which files are canonical, as JSON")
     s.set_defaults(fn=cmd_fmt)
 
     s = sub.add_parser("export", help="print the canonical contract as JSON or YAML")

@@ -145,3 +145,11 @@ def test_model_from_a_checkpoint_resolves_against_its_real_names(tmp_path):
     assert ops[visual].family == "other" and c.plan.scheme_name("rollout", visual) == "bf16"
     q = next(i for i, op in enumerate(ops) if op.family == "attn.q")
     assert c.plan.scheme_name("rollout", q) == "fp8_block"
+
+
+def test_fmt_json_and_version(tmp_path, capsys):
+    p = _write(tmp_path, GOOD.replace("  hardware cpu\n", "  hardware   cpu\n"))
+    assert main(["fmt", "--check", "--json", p]) == 1
+    assert json.loads(capsys.readouterr().out) == [{"file": p, "ok": True, "canonical": False}]
+    r = subprocess.run([sys.executable, "-m", "pcc.cli", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("pcc ")
