@@ -1,9 +1,9 @@
 """Exact low-precision numerics (FP8, MX, NVFP4, INT4) in pure PyTorch, matching the engines' bytes."""
 
 from .autograd import qdq_ste, quantized_linear
-from .gemm import scaled_gemm
+from .gemm import ScaledMMUnsupported, scaled_gemm
 from .quantize import Geometry, Quantized, dequantize, geometry, qdq, quantize
 from .scheme import PRESETS, Grouping, Scheme
 
 __all__ = ["Scheme", "Grouping", "PRESETS", "Quantized", "Geometry", "geometry", "quantize", "dequantize",
-           "qdq", "qdq_ste", "quantized_linear", "scaled_gemm"]
+           "qdq", "qdq_ste", "quantized_linear", "scaled_gemm", "ScaledMMUnsupported"]

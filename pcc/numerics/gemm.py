@@ -52,6 +52,11 @@ def scaled_gemm(qa: Quantized, qb: Quantized, out_dtype: torch.dtype = torch.flo
     return out.to(out_dtype)
 
 
+class ScaledMMUnsupported(RuntimeError):
+    """The installed torch's `_scaled_mm` has no kernel for this scaling layout (say so, never emulate
+    silently: the point of the CUDA path is to run the real low-precision GEMM)."""
+
+
 def _scaled_mm_cuda(qa: Quantized, qb: Quantized, out_dtype: torch.dtype) -> torch.Tensor:
     """torch._scaled_mm for the layouts it takes: FP8 per-tensor x per-tensor, or per-row x per-row."""
     kinds = (qa.grouping.kind, qb.grouping.kind)
@@ -59,7 +64,7 @@ def _scaled_mm_cuda(qa: Quantized, qb: Quantized, out_dtype: torch.dtype) -> tor
         torch.float8_e4m3fn, torch.float8_e5m2)
     if not hasattr(torch, "_scaled_mm") or not fp8 or qa.scheme.scale == "e8m0" or kinds not in (
             ("tensor", "tensor"), ("row", "row"), ("token", "row")):
-        raise NotImplementedError(
+        raise ScaledMMUnsupported(
             f"scaled_gemm on CUDA: this torch's _scaled_mm does not support {qa.scheme.format}/{qb.scheme.format} "
             f"with scaling layout {kinds[0]} x {kinds[1]}; supported: FP8 tensor x tensor, row x row")
     sa, sb = qa.scales.float(), qb.scales.float()
