@@ -69,11 +69,6 @@ class Plan:
             out[comp] = sorted(by_rule.items())
         return out
 
-    def tensors(self, component: str, scheme: str) -> list[str]:
-        """Explicit tensor names that get `scheme` in `component` (no regex to re-match)."""
-        ops = self.catalog.operators
-        return [ops[i].tensor for i, _ in enumerate(ops) if self.scheme_name(component, i) == scheme]
-
     def kv_cache_formats(self) -> dict[str, "RuleRef | None"]:
         """Rollout KV cache format -> the rule that chose it (None: the bf16 default)."""
         ops, out = self.catalog.operators, {}
