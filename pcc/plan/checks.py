@@ -6,6 +6,8 @@ bad example per code and tests/check_fixtures/ one failing contract per code.
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Iterator
 
 from pcc.contract.model import SchemeSpec
@@ -397,18 +399,13 @@ def mismatch_regime(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                   "rollout both sides would load the quantized weights", smap.find("trainer"), path="trainer",
                   hint="use 'trainer megatron' (it loads the BF16 weights separately)")
     if c.sync.moves == "full_weights" and _rollout_formats(plan) and c.sync.interval == 1:
-        params = sum(_numel(op.shape) for op in plan.catalog.operators if op.family != "kv_cache")
+        params = sum(math.prod(op.shape) for op in plan.catalog.operators if op.family != "kv_cache")
         if params < SMALL_MODEL_PARAMS:
             rep.warning("PCC409", f"full-weight requantization after every update on a {params / 1e9:.1f}B model: "
                         "the quantization cost can exceed what the low-precision rollout saves",
                         smap.find("sync"), path="sync", hint="measure the sync cost at these shapes, or sync less often (sync { interval N })")
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 @check

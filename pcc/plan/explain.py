@@ -3,6 +3,7 @@ representation of one weight version with its bytes at the model's shapes."""
 
 from __future__ import annotations
 
+import math
 from math import ceil
 
 from pcc.contract.model import Grouping, SchemeSpec
@@ -41,11 +42,6 @@ def weight_bytes(spec: SchemeSpec, shape: tuple[int, ...]) -> int:
     return codes + _groups(spec.weights, n, k) * SCALE_BYTES[spec.scale or "fp32"] + extra + zero
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for d in shape:
-        out *= d
-    return out
 
 
 def explain(plan: Plan) -> dict:
@@ -112,14 +108,14 @@ def _coverage(plan: Plan) -> list[dict]:
 
 def _representations(plan: Plan, weights: list[int]) -> list[dict]:
     c, ops = plan.contract, plan.catalog.operators
-    params = sum(_numel(ops[i].shape) for i in weights)
+    params = sum(math.prod(ops[i].shape) for i in weights)
     trainable = plan.trainable
     lora = c.trainable.kind == "lora"
     if lora:
         r = c.trainable.rank or 0
         train_params = sum(r * (ops[i].shape[0] + ops[i].shape[1]) for i in trainable if len(ops[i].shape) == 2)
     else:
-        train_params = sum(_numel(ops[i].shape) for i in trainable)
+        train_params = sum(math.prod(ops[i].shape) for i in trainable)
     bits = ELEMENT_BITS
     reps = [
         {"name": "optimizer master", "dtype": c.trainer.master, "bytes": train_params * bits[c.trainer.master] // 8,

@@ -9,6 +9,8 @@ and the 128-wide variant where the contract's groups do not divide the first cho
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +85,7 @@ def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> 
     if errors:
         raise ContractError(f"{path}: {len(errors)} error(s) against model '{catalog.name}'", rep.diagnostics,
                             loaded.sources)
-    n = sum(_numel(op.shape) for op in catalog.operators if op.family != "kv_cache")
+    n = sum(math.prod(op.shape) for op in catalog.operators if op.family != "kv_cache")
     if n > MAX_PARAMS:
         raise ContractError(f"{path}: model '{catalog.name}' has {n / 1e9:.1f}B parameters, too many for the embedded "
                             f"runtime; run it on a small model of the same structure with --model auto "
@@ -112,8 +114,3 @@ def _auto(target: str) -> Compiled:
         return compile_for_runtime(target, WIDER[name])
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
