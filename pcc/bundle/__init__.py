@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pcc import __version__
 from pcc.contract.model import Contract
-from pcc.lang.fmt import lines
+from pcc.contract.fmt import lines
 from pcc.lower import TARGET_MODULES, Lowered, lower
 from pcc.plan import Plan
 from pcc.plan.dump import lock_hash, plan_dict

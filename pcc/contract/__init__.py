@@ -1,7 +1,7 @@
-"""The typed contract: pydantic model, YAML/JSON IO, extends, schema export."""
+"""The typed contract: pydantic model, the scheme model, YAML/JSON IO, extends, schema export."""
 
 from pcc.contract.io import Loaded, canonical, export, load
-from pcc.contract.model import Contract, SchemeSpec
-from pcc.contract.presets import lookup
+from pcc.contract.model import Contract
+from pcc.contract.scheme import Grouping, Scheme, lookup, preset
 
-__all__ = ["Contract", "Loaded", "SchemeSpec", "canonical", "export", "load", "lookup"]
+__all__ = ["Contract", "Grouping", "Loaded", "Scheme", "canonical", "export", "load", "lookup", "preset"]

@@ -11,65 +11,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Format = Literal["bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "nvfp4", "int4", "int8"]
-WIDE_FORMATS = ("bf16", "fp16", "fp32")
+from pcc.contract.scheme import Grouping, Scheme  # noqa: F401 (re-exported)
+
+
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
-ScaleDtype = Literal["fp32", "pow2", "e8m0", "e4m3_fp32"]
 Component = Literal["rollout", "fprop", "dgrad", "wgrad"]
 GEMM_COMPONENTS = ("fprop", "dgrad", "wgrad")
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Grouping(_Model):
-    """Which values share one scale."""
-
-    kind: Literal["tensor", "row", "token", "block", "tile", "group"]
-    rows: int | None = Field(default=None, ge=1, le=65536)
-    cols: int | None = Field(default=None, ge=1, le=65536)
-    size: int | None = Field(default=None, ge=1, le=65536)
-
-    @model_validator(mode="after")
-    def _dims(self) -> "Grouping":
-        dims = {"block": ("rows", "cols"), "tile": ("rows", "cols"), "group": ("size",)}.get(self.kind, ())
-        for f in ("rows", "cols", "size"):
-            if (getattr(self, f) is not None) != (f in dims):
-                raise ValueError(f"grouping '{self.kind}' {'needs' if f in dims else 'takes no'} '{f}'")
-        if self.kind == "tile" and self.rows != 1:
-            raise ValueError("a tile is 1xK (one row of K values); use 'block' for 2-D groups")
-        return self
-
-    def text(self) -> str:
-        if self.kind in ("block", "tile"):
-            return f"{self.kind} {self.rows}x{self.cols}"
-        if self.kind == "group":
-            return f"group {self.size}"
-        return self.kind
-
-
-class SchemeSpec(_Model):
-    """Format + scale grouping per role + scale dtype + rounding + packing.
-
-    A role whose grouping is None is not quantized by this scheme (W4A16 keeps
-    activations wide). The builder fills format defaults before validation.
-    """
-
-    format: Format
-    weights: Grouping | None = None
-    activations: Grouping | None = None
-    gradients: Grouping | None = None
-    scale: ScaleDtype | None = None
-    amax: Literal["current", "delayed"] = "current"
-    scale_rule: Literal["ocp", "ceil"] = "ocp"  # E8M0 exponent: OCP MX v1.0, or the engines' no-clip rule
-    rounding: Literal["nearest_even", "stochastic"] = "nearest_even"
-    packing: Literal["e2m1x2", "int32x8"] | None = None
-    symmetric: bool = True
-
-    @property
-    def wide(self) -> bool:
-        return self.format in WIDE_FORMATS
 
 
 class ModelRef(_Model):
@@ -199,7 +150,7 @@ class Contract(_Model):
     extends: str | None = None
     model: ModelRef | None = None
     hardware: str | None = None
-    schemes: dict[str, SchemeSpec] = Field(default_factory=dict)
+    schemes: dict[str, Scheme] = Field(default_factory=dict)
     rollout: Rollout = Rollout()
     trainer: Trainer = Trainer()
     trainable: Trainable = Trainable()
@@ -210,7 +161,7 @@ class Contract(_Model):
 
     @field_validator("schemes")
     @classmethod
-    def _scheme_names(cls, v: dict[str, SchemeSpec]) -> dict[str, SchemeSpec]:
+    def _scheme_names(cls, v: dict[str, Scheme]) -> dict[str, Scheme]:
         for k in v:
             if not k.replace("_", "a").replace("-", "a").isalnum():
                 raise ValueError(f"scheme name {k!r} is not a name")

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 from pcc.diff.align import Alignment, align
-from pcc.lang.fmt import scheme_text
 from pcc.models import FAMILIES, Catalog
 from pcc.plan import COMPONENTS, DEFAULT, Plan
 from pcc.plan.checks import fp8_recipe, hardware_of
@@ -137,8 +136,8 @@ def component_rows(pa: Plan, pb: Plan, al: Alignment, comp: str) -> list[dict]:
                  "quantized": any(s is not NOT_RUN and not s[0].wide for s in (sig_a, sig_b))}
         if entry["from"] == entry["to"] and sig_a is not NOT_RUN and sig_b is not NOT_RUN:
             # one name, two definitions (a redefined scheme): show what the name means on each side
-            entry["from"] += f" ({scheme_text(sig_a[0].model_dump(mode='json'))})"
-            entry["to"] += f" ({scheme_text(sig_b[0].model_dump(mode='json'))})"
+            entry["from"] += f" ({sig_a[0].text()})"
+            entry["to"] += f" ({sig_b[0].text()})"
         out.append(entry)
     out.sort(key=lambda e: (_FAMILY_ORDER.get(e["family"], 99), e["from"], e["to"]))
     return out

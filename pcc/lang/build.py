@@ -15,19 +15,7 @@ from lark import Token, Tree
 from pcc.lang.diagnostics import Reporter, Span, did_you_mean
 from pcc.lang.parser import parse_comments, parse_text
 
-FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "mxfp8", "mxfp4", "nvfp4", "int4", "int8")
 SCALES = {"fp32": "fp32", "pow2": "pow2", "e8m0": "e8m0", "e4m3+fp32": "e4m3_fp32"}
-# Roles a format quantizes when the scheme names none, and its scale/packing defaults.
-FORMAT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fp8_e4m3": {"roles": ("weights", "activations", "gradients"), "group": {"kind": "tensor"}, "scale": "fp32"},
-    "fp8_e5m2": {"roles": ("weights", "activations", "gradients"), "group": {"kind": "tensor"}, "scale": "fp32"},
-    "int8": {"roles": ("weights", "activations"), "group": {"kind": "row"}, "scale": "fp32"},
-    "mxfp8": {"roles": ("weights", "activations", "gradients"), "group": {"kind": "group", "size": 32}, "scale": "e8m0"},
-    "mxfp4": {"roles": ("weights",), "group": {"kind": "group", "size": 32}, "scale": "e8m0", "packing": "e2m1x2"},
-    "nvfp4": {"roles": ("weights", "activations", "gradients"), "group": {"kind": "group", "size": 16},
-              "scale": "e4m3_fp32", "packing": "e2m1x2"},
-    "int4": {"roles": ("weights",), "group": {"kind": "group", "size": 128}, "scale": "fp32", "packing": "int32x8"},
-}
 ROLES = ("weights", "activations", "gradients")
 
 
@@ -62,29 +50,22 @@ def _number(tok: Token) -> float | int:
     return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
-def scheme_dict(expr: Tree, file: str, rep: Reporter) -> dict[str, Any] | None:
-    """A `scheme_expr` tree as the canonical SchemeSpec dict, defaults filled."""
-    fmt_tok = expr.children[0]
-    fmt = str(fmt_tok)
-    if fmt not in FORMATS:
-        rep.error("PCC105", f"unknown format '{fmt}'", _span(file, fmt_tok),
-                  hint=did_you_mean(fmt, FORMATS) or "formats: " + ", ".join(FORMATS))
-        return None
-    out: dict[str, Any] = {"format": fmt}
-    roles: dict[str, dict] = {}
-    bare: dict | None = None
+def scheme_dict(expr: Tree, file: str, rep: Reporter) -> dict[str, Any]:
+    """A `scheme_expr` tree as the scheme dict its author wrote; the scheme model
+    (pcc.contract.scheme) checks the format and fills its defaults, as for YAML and JSON."""
+    out: dict[str, Any] = {"format": str(expr.children[0])}
     for opt in expr.children[1:]:
         kind = opt.data
         if kind == "role_grouping":
             role = str(opt.children[0])
-            if role in roles:
+            if role in out:
                 rep.error("PCC106", f"grouping for {role} given twice", _span(file, opt))
-            roles[role] = _grouping(opt.children[1])
+            out[role] = _grouping(opt.children[1])
         elif kind.startswith("g_"):
-            if bare is not None:
+            if "grouping" in out:
                 rep.error("PCC106", "scale grouping given twice", _span(file, opt),
                           hint="name the role: 'weights block 128x128 activations tile 1x128'")
-            bare = _grouping(opt)
+            out["grouping"] = _grouping(opt)
         elif kind == "scale":
             text = "+".join(str(c) for c in opt.children)
             if text not in SCALES:
@@ -96,22 +77,6 @@ def scheme_dict(expr: Tree, file: str, rep: Reporter) -> dict[str, Any] | None:
             out[kind] = str(opt.children[0])
         elif kind in ("symmetric", "asymmetric"):
             out["symmetric"] = kind == "symmetric"
-    defaults = FORMAT_DEFAULTS.get(fmt)
-    if defaults is not None:
-        if not roles:
-            for role in defaults["roles"]:
-                roles[role] = bare or defaults["group"]
-        elif bare is not None:
-            rep.error("PCC105", "a bare grouping cannot be mixed with per-role groupings",
-                      _span(file, expr), hint="give every role its own grouping")
-        if "gradients" not in roles and "activations" in roles and "gradients" in defaults["roles"]:
-            roles["gradients"] = roles["activations"]
-        out.setdefault("scale", defaults["scale"])
-        if "packing" in defaults:
-            out.setdefault("packing", defaults["packing"])
-    elif roles or bare:
-        rep.error("PCC105", f"'{fmt}' is a wide format; it has no scale grouping", _span(file, expr))
-    out.update({r: roles[r] for r in ROLES if r in roles})
     return out
 
 
@@ -189,9 +154,8 @@ class _Builder:
         name, expr = n.children
         key = f"schemes.{name}"
         if self.once(key, n, f"scheme '{name}'"):
-            spec = scheme_dict(expr, self.file, self.rep)
-            if spec is not None:
-                self.out.setdefault("schemes", {})[str(name)] = spec
+            self.smap[key + ".format"] = _span(self.file, expr.children[0])
+            self.out.setdefault("schemes", {})[str(name)] = scheme_dict(expr, self.file, self.rep)
 
     def s_rollout(self, n: Tree) -> None:
         if not self.once("rollout", n, "'rollout' block"):
@@ -368,11 +332,10 @@ def build(text: str, file: str, rep: Reporter, comments: list | None = None) -> 
 
 
 def parse_scheme(text: str) -> dict[str, Any]:
-    """The canonical SchemeSpec dict of a scheme expression such as
+    """The scheme dict (as written) of a scheme expression such as
     ``fp8_e4m3 weights block 128x128 activations tile 1x128 scale fp32``."""
     rep = Reporter()
     tree = parse_text(text, "<scheme>", start="scheme_expr")
     spec = scheme_dict(tree, "<scheme>", rep)
     rep.fail_if_errors()
-    assert spec is not None
     return spec

@@ -12,7 +12,7 @@ Torch-free: `pcc compile` imports this.
 
 from __future__ import annotations
 
-from pcc.contract.model import SchemeSpec
+from pcc.contract.model import Scheme
 from pcc.plan import Plan
 
 # Families whose wide tensors are not linear modules any loader would quantize.
@@ -23,7 +23,7 @@ class LayoutError(ValueError):
     """The plan's rollout side has no single SGLang checkpoint layout."""
 
 
-def layout_of(spec: SchemeSpec) -> str:
+def layout_of(spec: Scheme) -> str:
     """The checkpoint layout of one rollout weight scheme."""
     f, w = spec.format, spec.weights
     if spec.wide:
@@ -99,7 +99,7 @@ def kv_cache_algo(plan: Plan) -> str | None:
     return None
 
 
-def rollout_scheme(plan: Plan) -> SchemeSpec | None:
+def rollout_scheme(plan: Plan) -> Scheme | None:
     """The quantized weight scheme of rollout (the one `rollout_layout` names)."""
     ops = plan.catalog.operators
     for rid, idx in plan.groups["rollout"]:
@@ -137,7 +137,7 @@ def quantization_config(plan: Plan) -> dict | None:
     return _compressed_tensors_int4(spec, skip)
 
 
-def _compressed_tensors_int4(spec: SchemeSpec, skip: list[str]) -> dict:
+def _compressed_tensors_int4(spec: Scheme, skip: list[str]) -> dict:
     """compressed-tensors' QuantizationConfig, as its own model_dump() writes it."""
     weights = {"num_bits": 4, "type": "int", "symmetric": spec.symmetric, "group_size": spec.weights.size,
                "strategy": "group", "dynamic": False}

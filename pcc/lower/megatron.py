@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import yaml
 
-from pcc.contract.model import SchemeSpec
+from pcc.contract.model import Scheme
 from pcc.lower import Lowered, target
 from pcc.plan import Plan
 from pcc.plan.checks import fp8_recipe
@@ -34,14 +34,14 @@ def tables() -> dict:
         return yaml.safe_load(fh)
 
 
-def _spec(plan: Plan, comp: str, i: int) -> tuple[SchemeSpec, str]:
+def _spec(plan: Plan, comp: str, i: int) -> tuple[Scheme, str]:
     """(scheme, gemm kind) of operator i in component comp."""
     rid = plan.owner[comp][i]
     spec = plan.scheme(comp, i)
     return spec, ("wide" if spec.wide or rid < 0 else plan.rules[rid].gemm(spec))
 
 
-def _te_recipe(spec: SchemeSpec) -> str:
+def _te_recipe(spec: Scheme) -> str:
     if spec.format == "nvfp4":
         return "nvfp4"
     if spec.format == "mxfp8":

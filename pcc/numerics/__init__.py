@@ -3,7 +3,7 @@
 from .autograd import qdq_ste, quantized_linear
 from .gemm import ScaledMMUnsupported, scaled_gemm
 from .quantize import Geometry, Quantized, dequantize, geometry, qdq, quantize
-from .scheme import PRESETS, Grouping, Scheme
+from pcc.contract.scheme import PRESETS, Grouping, Scheme
 
 __all__ = ["Scheme", "Grouping", "PRESETS", "Quantized", "Geometry", "geometry", "quantize", "dequantize",
            "qdq", "qdq_ste", "quantized_linear", "scaled_gemm", "ScaledMMUnsupported"]

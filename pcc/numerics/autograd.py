@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .quantize import qdq
-from .scheme import Scheme
+from pcc.contract.scheme import Scheme
 
 
 class _QDQSTE(torch.autograd.Function):

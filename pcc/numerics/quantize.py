@@ -22,12 +22,13 @@ import torch.nn.functional as F
 
 from . import formats as fm
 from .packing import pack_e2m1x2, pack_int32x8, unpack_e2m1x2, unpack_int32x8
-from .scheme import Grouping, Scheme
+from pcc.contract.scheme import Grouping, Scheme, preset
 
 _PASSTHROUGH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _FP8 = {"fp8_e4m3": fm.E4M3, "fp8_e5m2": fm.E5M2, "mxfp8": fm.E4M3}
 _INT_BITS = {"int4": 4, "int8": 8}
-_MX_EMAX = {"mxfp8": 8, "mxfp4": 2}  # exponent of the element format's largest binade (OCP MX v1.0)
+# Exponent of the element format's largest binade (OCP MX v1.0; FP8 for UE8M0-scaled block FP8).
+_MX_EMAX = {"mxfp8": 8, "mxfp4": 2, "fp8_e4m3": 8, "fp8_e5m2": 15}
 _CHUNK = 1 << 20  # elements per row chunk
 
 
@@ -133,7 +134,7 @@ class Quantized:
 
     @property
     def grouping(self) -> Grouping | None:
-        return self.scheme.grouping(self.role)
+        return self.scheme.grouping_of(self.role)
 
     @property
     def geometry(self) -> Geometry:
@@ -176,11 +177,19 @@ class Quantized:
 
 
 def _as_scheme(scheme: Scheme | str | dict) -> Scheme:
-    if isinstance(scheme, Scheme):
-        return scheme
+    """A Scheme from itself, a preset name or a scheme dict; an invalid encoding is a ValueError
+    with the same words the checker's PCC302 uses."""
     if isinstance(scheme, str):
-        return Scheme.parse(scheme)
-    return Scheme.from_dict(scheme)
+        found = preset(scheme)
+        if found is None:
+            raise ValueError(f"unknown scheme preset {scheme!r}")
+        scheme = found
+    elif not isinstance(scheme, Scheme):
+        scheme = Scheme.model_validate(scheme)
+    problems = scheme.problems()
+    if problems:
+        raise ValueError(f"scheme {scheme.text()}: " + "; ".join(m for m, _ in problems))
+    return scheme
 
 
 def _check_finite(amax: torch.Tensor, amin: torch.Tensor, geo: Geometry, name: str | None, grouping: Grouping):
@@ -311,7 +320,7 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
         return Quantized(x.to(_PASSTHROUGH_DTYPES[scheme.format]), None, x.shape, scheme, role)
     if not x.is_floating_point():
         raise ValueError(f"{name or 'tensor'}: quantize needs a floating tensor, got {x.dtype}")
-    grouping = scheme.grouping(role)
+    grouping = scheme.grouping_of(role)
     geo = geometry(x.shape, grouping)
     x2 = x.reshape(-1, geo.cols)
     signed = scheme.format in _INT_BITS and not scheme.symmetric

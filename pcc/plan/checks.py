@@ -10,7 +10,7 @@ import math
 
 from typing import Callable, Iterator
 
-from pcc.contract.model import SchemeSpec
+from pcc.contract.model import Scheme
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.plan.capabilities import gemm_support, hardware_table, supported_on
@@ -40,7 +40,7 @@ def check(fn):
     return fn
 
 
-def used(plan: Plan, component: str) -> Iterator[tuple[RuleRef, SchemeSpec, list[int]]]:
+def used(plan: Plan, component: str) -> Iterator[tuple[RuleRef, Scheme, list[int]]]:
     """(rule, scheme, operators) for every rule that owns operators in `component`."""
     for rid, idx in plan.groups[component]:
         if rid != DEFAULT:
@@ -100,37 +100,12 @@ def gemm_capability(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                           hint=f"{spec.format} runs natively on {where}; or use 'qdq' to emulate it")
 
 
-_GROUP_RULES = {"mxfp8": ("group", 32, "e8m0"), "mxfp4": ("group", 32, "e8m0"), "nvfp4": ("group", 16, "e4m3_fp32")}
-
-
 @check
 def scheme_grouping(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
-    """PCC302: a scale grouping or scale dtype the format does not define."""
+    """PCC302: a scheme that is no valid encoding (Scheme.problems, which numerics enforces too)."""
     for name, spec in plan.contract.schemes.items():
-        where = smap.find(f"schemes.{name}")
-        roles = {r: getattr(spec, r) for r in ("weights", "activations", "gradients") if getattr(spec, r)}
-        want = _GROUP_RULES.get(spec.format)
-        if want:
-            kind, size, scale = want
-            bad = [r for r, g in roles.items() if g.kind != kind or g.size != size]
-            if bad or spec.scale != scale:
-                rep.error("PCC302", f"{spec.format} scales groups of {size} with {scale.replace('_', '+')} scales",
-                          where, path=f"schemes.{name}",
-                          hint=f"write '{spec.format}' alone, or 'group {size} scale {scale.replace('_', '+')}'")
-        elif spec.format.startswith("fp8") and spec.scale not in ("fp32", "pow2", "e8m0"):
-            rep.error("PCC302", "FP8 scales are fp32, pow2 or e8m0", where, path=f"schemes.{name}")
-        elif spec.format == "int4" and any(g.kind not in ("group", "row") for g in roles.values()):
-            rep.error("PCC302", "INT4 weights are scaled per group or per row", where, path=f"schemes.{name}")
-        if "weights" in roles and roles["weights"].kind == "token":
-            rep.error("PCC302", "'token' grouping is for activations; weights use row, block or group", where,
-                      path=f"schemes.{name}")
-        if spec.scale_rule != "ocp" and spec.scale != "e8m0":
-            rep.error("PCC302", "'scale_rule' chooses how an E8M0 (MX) scale is derived; this scheme has "
-                      f"{spec.scale} scales", where, path=f"schemes.{name}")
-        fp4 = spec.format in ("mxfp4", "nvfp4")
-        if spec.packing == "e2m1x2" and not fp4 or spec.packing == "int32x8" and spec.format != "int4":
-            rep.error("PCC302", f"packing '{spec.packing}' does not apply to {spec.format}", where,
-                      path=f"schemes.{name}")
+        for message, hint in spec.problems():
+            rep.error("PCC302", message, smap.find(f"schemes.{name}"), hint=hint, path=f"schemes.{name}")
 
 
 @check

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from math import ceil
 
-from pcc.contract.model import Grouping, SchemeSpec
+from pcc.contract.model import Grouping, Scheme
 from pcc.plan.checks import fp8_recipe, used
 from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan
 
@@ -30,7 +30,7 @@ def _groups(g: Grouping | None, n: int, k: int) -> int:
     return n * ceil(k / g.size)
 
 
-def weight_bytes(spec: SchemeSpec, shape: tuple[int, ...]) -> int:
+def weight_bytes(spec: Scheme, shape: tuple[int, ...]) -> int:
     """Bytes of one weight stored in `spec`: codes + scales (+ the NVFP4 outer scale)."""
     n, k = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
     numel = n * k

@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from pcc.contract.model import Contract, Rule, SchemeSpec
-from pcc.contract.presets import lookup
+from pcc.contract.model import Contract, Rule, Scheme
+from pcc.contract.scheme import PRESETS, lookup
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.models import Catalog
@@ -32,7 +32,7 @@ class RuleRef:
     rule: Rule
     path: str  # where it sits in the canonical contract, e.g. "rollout.rules[2]"
 
-    def gemm(self, scheme: SchemeSpec) -> str:
+    def gemm(self, scheme: Scheme) -> str:
         """What reaches the GEMM: stated, else real on rollout and for trainer formats with a
         trainer GEMM, QDQ (fake quantization) for INT4 in the trainer."""
         if scheme.wide:
@@ -47,7 +47,7 @@ class Plan:
     contract: Contract
     catalog: Catalog
     rules: list[RuleRef]
-    schemes: dict[str, SchemeSpec]
+    schemes: dict[str, Scheme]
     owner: dict[str, list[int]]  # component -> rule id per operator (DEFAULT: no rule)
     trainable: list[int] = field(default_factory=list)  # operators that train (base or adapter)
 
@@ -55,7 +55,7 @@ class Plan:
         rid = self.owner[component][op]
         return DEFAULT_SCHEME if rid == DEFAULT else self.rules[rid].rule.scheme
 
-    def scheme(self, component: str, op: int) -> SchemeSpec:
+    def scheme(self, component: str, op: int) -> Scheme:
         return self.schemes[self.scheme_name(component, op)]
 
     @cached_property
@@ -103,11 +103,10 @@ def resolve(contract: Contract, catalog: Catalog, smap: SourceMap, rep: Reporter
     for section in ("rollout", "trainer"):
         for k, rule in enumerate(getattr(contract, section).rules):
             refs.append(RuleRef(len(refs), section, rule, f"{section}.rules[{k}]"))
-    schemes: dict[str, SchemeSpec] = {DEFAULT_SCHEME: lookup({}, DEFAULT_SCHEME)}
+    schemes: dict[str, Scheme] = {DEFAULT_SCHEME: lookup({}, DEFAULT_SCHEME)}
     for ref in refs:
         spec = lookup(contract.schemes, ref.rule.scheme)
         if spec is None:
-            from pcc.contract.presets import PRESETS
 
             rep.error("PCC202", f"unknown scheme '{ref.rule.scheme}'", smap.find(ref.path + ".scheme"),
                       hint=did_you_mean(ref.rule.scheme, list(contract.schemes) + list(PRESETS))

@@ -46,18 +46,13 @@ class Gemm:
 WIDE = Gemm()
 
 
-def numerics_scheme(spec) -> Scheme:
-    """pcc.numerics' Scheme for a plan SchemeSpec (`amax` is a trainer recipe setting, not part of the numbers)."""
-    return Scheme.from_dict(spec.model_dump(exclude={"amax"}))
-
-
 def gemm_for(spec, mode: str, output: str | None = None) -> Gemm:
-    """A Gemm from a plan SchemeSpec and RuleRef.gemm(spec)."""
+    """A Gemm from a plan Scheme and RuleRef.gemm(spec)."""
     if spec.wide or mode == "wide":
         return Gemm(output=output or "bf16")
     roles = frozenset(r for r, g in (("weight", spec.weights), ("activation", spec.activations),
                                      ("gradient", spec.gradients)) if g is not None)
-    return Gemm(numerics_scheme(spec), mode, roles, output or "bf16")
+    return Gemm(spec, mode, roles, output or "bf16")
 
 
 class _PlanLinear(torch.autograd.Function):

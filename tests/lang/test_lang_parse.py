@@ -45,17 +45,23 @@ def test_builds_canonical_dict_with_spans():
     assert Contract.model_validate(d).rollout.rules[0].scheme == "fp8_block"
 
 
-def test_scheme_expressions_fill_format_defaults():
-    assert parse_scheme("mxfp8") == {"format": "mxfp8", "scale": "e8m0",
-                                     "weights": {"kind": "group", "size": 32},
-                                     "activations": {"kind": "group", "size": 32},
-                                     "gradients": {"kind": "group", "size": 32}}
-    # INT4 is weight-only by default (W4A16): no activation grouping.
-    s = parse_scheme("int4 group 32")
-    assert s["weights"] == {"kind": "group", "size": 32} and "activations" not in s
-    assert s["packing"] == "int32x8"
-    s = parse_scheme("nvfp4 scale e4m3+fp32")
-    assert s["scale"] == "e4m3_fp32"
+def test_scheme_expressions_state_what_was_written():
+    # Defaults are the scheme model's (pcc.contract.scheme), the same for YAML and JSON.
+    assert parse_scheme("mxfp8") == {"format": "mxfp8"}
+    assert parse_scheme("int4 group 32") == {"format": "int4", "grouping": {"kind": "group", "size": 32}}
+    assert parse_scheme("nvfp4 scale e4m3+fp32") == {"format": "nvfp4", "scale": "e4m3_fp32"}
+
+
+def test_unknown_format_points_at_the_format(tmp_path):
+    from pcc.contract.io import load
+
+    f = tmp_path / "x.prec"
+    f.write_text("contract a {\n  scheme s = fp9\n}\n")
+    with pytest.raises(DiagnosticError) as exc:
+        load(str(f))
+    (d,) = exc.value.diagnostics
+    assert (d.code, d.span.line, d.span.col) == ("PCC105", 2, 14)
+    assert "fp8_e4m3" in d.message  # the formats the model accepts
 
 
 @pytest.mark.parametrize("text, code, line, col", [
@@ -63,7 +69,6 @@ def test_scheme_expressions_fill_format_defaults():
     ("contract a {\n  model tiny_moe\n", "PCC103", 2, 17),
     ("contract a {\n  model tiny_moe $\n}\n", "PCC102", 2, 18),
     ("contract a {\n  model tiny_moe\n  model tiny_dense\n}\n", "PCC106", 3, 3),
-    ("contract a {\n  scheme s = fp9\n}\n", "PCC105", 2, 14),
     ("contract a {\n  scheme s = int4 group 32\n  scheme s = int4 group 64\n}\n", "PCC106", 3, 3),
 ])
 def test_errors_are_positioned(text, code, line, col):

@@ -2,10 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pcc.contract.scheme import preset
 from pcc.numerics import Grouping, Scheme, qdq, qdq_ste, quantize, quantized_linear, scaled_gemm
 
-FP8 = Scheme.preset("fp8_block")
-MX = Scheme.preset("mxfp8")
+
+def S(fmt, weights=None, activations=None, **kw):
+    """A scheme from positional groupings (weights, activations), as these tests write them."""
+    return Scheme(format=fmt, weights=weights, activations=activations, **kw)
+
+FP8 = preset("fp8_block")
+MX = preset("mxfp8")
 
 
 def _inputs(m=8, k=256, n=130, bias=True):
@@ -88,7 +94,7 @@ def test_scaled_gemm_promotes_per_k_block():
 
 def test_scaled_gemm_mixed_groupings_and_formats():
     a, b = torch.randn(5, 96), torch.randn(7, 96)
-    for sa, sb in ((MX, MX), (Scheme.preset("nvfp4"), Scheme.preset("nvfp4")), (Scheme.preset("fp8_row"), FP8)):
+    for sa, sb in ((MX, MX), (preset("nvfp4"), preset("nvfp4")), (preset("fp8_row"), FP8)):
         qa, qb = quantize(a, sa, "activation"), quantize(b, sb, "weight")
         ref = qa.dequantize().double() @ qb.dequantize().double().t()
         assert torch.allclose(scaled_gemm(qa, qb).double(), ref, rtol=1e-5, atol=1e-5)
@@ -98,6 +104,6 @@ def test_scaled_gemm_rejects_mismatched_operands():
     qa = quantize(torch.randn(4, 64), MX, "activation")
     with pytest.raises(ValueError, match="K"):
         scaled_gemm(qa, quantize(torch.randn(4, 32), MX))
-    asym = Scheme("int4", Grouping("group", size=32), Grouping("group", size=32), symmetric=False)
+    asym = S("int4", Grouping(kind="group", size=32), Grouping(kind="group", size=32), symmetric=False)
     with pytest.raises(ValueError, match="symmetric"):
         scaled_gemm(qa, quantize(torch.randn(4, 64), asym))

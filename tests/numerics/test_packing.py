@@ -5,6 +5,11 @@ from pcc.numerics import Grouping, Scheme, quantize
 from pcc.numerics.packing import pack_e2m1x2, pack_int32x8, unpack_e2m1x2, unpack_int32x8
 
 
+def S(fmt, weights=None, activations=None, **kw):
+    """A scheme from positional groupings (weights, activations), as these tests write them."""
+    return Scheme(format=fmt, weights=weights, activations=activations, **kw)
+
+
 def test_e2m1x2_low_nibble_is_the_even_element():
     # gpt-oss / SGLang *_blocks: element 2i in bits 0..3, element 2i+1 in bits 4..7
     assert pack_e2m1x2(torch.tensor([1, 2], dtype=torch.uint8)).tolist() == [0x21]
@@ -38,7 +43,7 @@ def test_int32x8_round_trip_and_packed_dim0():
 
 def test_quantized_int4_packs_codes_per_row():
     x = torch.tensor([[7.0, -7.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    q = quantize(x, Scheme("int4", Grouping("group", size=8), Grouping("group", size=8), packing="int32x8"))
+    q = quantize(x, S("int4", Grouping(kind="group", size=8), Grouping(kind="group", size=8), packing="int32x8"))
     # codes 7, -7, 1, 0... -> nibbles 15, 1, 9, 8, 8, 8, 8, 8
     assert q.codes.tolist() == [[0x8888891F - 2**32]]
 

@@ -18,8 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from pcc.contract.scheme import preset
 from pcc.numerics import Grouping, Scheme, qdq, quantize
 from pcc.numerics import formats as fm
+
+
+def S(fmt, weights=None, activations=None, **kw):
+    """A scheme from positional groupings (weights, activations), as these tests write them."""
+    return Scheme(format=fmt, weights=weights, activations=activations, **kw)
 
 FINITE = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=32)
 SMALL = st.floats(-2.0**-100, 2.0**-100, allow_nan=False, width=32)
@@ -32,14 +38,14 @@ def tensors(rows=st.integers(1, 5), cols=st.integers(1, 70)):
 
 
 POW2_SCHEMES = [
-    Scheme("fp8_e4m3", Grouping("block", 2, 16), Grouping("tile", 1, 16), scale="pow2"),
-    Scheme("fp8_e5m2", Grouping("row"), Grouping("row"), scale="pow2"),
-    Scheme.preset("mxfp8"),
-    Scheme.preset("mxfp4"),
-    Scheme("int4", Grouping("group", size=32), Grouping("group", size=32), scale="pow2"),
+    S("fp8_e4m3", Grouping(kind="block", rows=2, cols=16), Grouping(kind="tile", rows=1, cols=16), scale="pow2"),
+    S("fp8_e5m2", Grouping(kind="row"), Grouping(kind="row"), scale="pow2"),
+    preset("mxfp8"),
+    preset("mxfp4"),
+    S("int4", Grouping(kind="group", size=32), Grouping(kind="group", size=32), scale="pow2"),
 ]
-FP32_SCHEMES = [Scheme.preset("fp8_tensor"), Scheme.preset("fp8_block"), Scheme.preset("int4_g32"),
-                Scheme("int8", Grouping("row"), Grouping("token"))]
+FP32_SCHEMES = [preset("fp8_tensor"), preset("fp8_block"), preset("int4_g32"),
+                S("int8", Grouping(kind="row"), Grouping(kind="token"))]
 GRID = {"fp8_e4m3": fm.E4M3, "fp8_e5m2": fm.E5M2, "mxfp8": fm.E4M3, "mxfp4": fm.E2M1}
 
 FAST = settings(max_examples=40, deadline=None)

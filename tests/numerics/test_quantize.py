@@ -3,11 +3,17 @@ import numpy as np
 import pytest
 import torch
 
+from pcc.contract.scheme import preset
 from pcc.numerics import Grouping, Scheme, dequantize, qdq, quantize
 
 
+def S(fmt, weights=None, activations=None, **kw):
+    """A scheme from positional groupings (weights, activations), as these tests write them."""
+    return Scheme(format=fmt, weights=weights, activations=activations, **kw)
+
+
 def _scheme(fmt, w=None, **kw):
-    return Scheme(fmt, w, w, **kw)
+    return S(fmt, w, w, **kw)
 
 
 # ---------------------------------------------------------------- worked examples
@@ -16,10 +22,10 @@ def test_int4_toy_example():
     # INT4 codes -7..7, scale = amax/7.  One group {1, 3, 100}: scale 100/7, so 1 -> 0.07 -> 0 and
     # 3 -> 0.21 -> 0; 100 -> 7 -> 100.  With {1, 3} alone: scale 3/7, 3 -> 7 (exact),
     # 1 -> 2.33 -> 2 -> 6/7 = 0.857.
-    s = _scheme("int4", Grouping("group", size=4))
+    s = _scheme("int4", Grouping(kind="group", size=4))
     out = qdq(torch.tensor([[1.0, 3.0, 100.0, 0.0]]), s)
     assert out[0, :2].tolist() == [0.0, 0.0] and out[0, 2].item() == pytest.approx(100.0, rel=1e-6)
-    out = qdq(torch.tensor([[1.0, 3.0, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0]]), Scheme("int4", Grouping("group", size=4)))
+    out = qdq(torch.tensor([[1.0, 3.0, 0.0, 0.0, 100.0, 0.0, 0.0, 0.0]]), S("int4", Grouping(kind="group", size=4)))
     assert out[0, 1].item() == pytest.approx(3.0, rel=1e-6)
     assert out[0, 0].item() == pytest.approx(6 / 7, rel=1e-6)
     assert out[0, 4].item() == pytest.approx(100.0, rel=1e-6)
@@ -112,18 +118,18 @@ def test_fp8_codes_match_reference_division():
 
 # ---------------------------------------------------------------- special values
 
-@pytest.mark.parametrize("preset", ["fp8_tensor", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "int4_g32"])
+@pytest.mark.parametrize("name", ["fp8_tensor", "fp8_block", "mxfp8", "mxfp4", "nvfp4", "int4_g32"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_nonfinite_input_names_tensor_and_block(preset, bad):
+def test_nonfinite_input_names_tensor_and_block(name, bad):
     x = torch.randn(256, 256)
     x[130, 70] = bad
     with pytest.raises(ValueError, match=r"layers\.3\.w") as err:
-        quantize(x, preset, name="layers.3.w")
+        quantize(x, name, name="layers.3.w")
     msg = str(err.value)
-    if preset == "fp8_block":
+    if name == "fp8_block":
         assert "(1, 0)" in msg
-    elif preset != "fp8_tensor":
-        run = Scheme.preset(preset).weights.run
+    elif name != "fp8_tensor":
+        run = preset(name).weights.run
         assert f"(130, {70 // run})" in msg
 
 
@@ -150,7 +156,7 @@ def test_zero_block_next_to_nonzero_block():
 def test_subnormal_inputs_quantize_against_ml_dtypes():
     # values far below the block amax land in (or flush from) E4M3's subnormal range
     x = torch.tensor([[448.0, 2.0**-7, 2.0**-9, 2.0**-10, 3 * 2.0**-11, 1e-30, -2.0**-8]])
-    q = quantize(x, Scheme("fp8_e4m3", Grouping("row"), Grouping("row")))
+    q = quantize(x, S("fp8_e4m3", Grouping(kind="row"), Grouping(kind="row")))
     assert q.scales.item() == 1.0
     ref = x.numpy().astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
     assert np.array_equal(q.dequantize().numpy(), ref)
@@ -159,7 +165,7 @@ def test_subnormal_inputs_quantize_against_ml_dtypes():
 
 def test_asymmetric_int4_zero_point():
     x = torch.tensor([[0.0, 1.0, 2.0, 15.0]])
-    s = Scheme("int4", Grouping("group", size=4), Grouping("group", size=4), symmetric=False)
+    s = S("int4", Grouping(kind="group", size=4), Grouping(kind="group", size=4), symmetric=False)
     q = quantize(x, s)
     # range [0, 15] over 15 steps: scale 1, zero point -8 (so 0.0 is code -8)
     assert q.scales.item() == 1.0 and q.zero_point.item() == -8
@@ -169,7 +175,7 @@ def test_asymmetric_int4_zero_point():
 
 def test_pow2_scale_is_ceil_rule():
     x = torch.tensor([[500.0, 1.0]])
-    q = quantize(x, Scheme("fp8_e4m3", Grouping("row"), Grouping("row"), scale="pow2"))
+    q = quantize(x, S("fp8_e4m3", Grouping(kind="row"), Grouping(kind="row"), scale="pow2"))
     assert q.scales.item() == 2.0  # 2**ceil(log2(500/448)); no saturation
     assert q.dequantize()[0, 0].item() == 512.0  # 250 -> E4M3 256 (spacing 16 in [128, 256))
 
@@ -184,7 +190,7 @@ def test_passthrough_and_dequantize_alias():
 
 def test_stochastic_rounding_is_unbiased():
     g = torch.Generator().manual_seed(1)
-    s = Scheme("int8", Grouping("row"), Grouping("row"), rounding="stochastic")
+    s = S("int8", Grouping(kind="row"), Grouping(kind="row"), rounding="stochastic")
     x = torch.full((1, 4096), 0.3)
     x[0, 0] = 127.0
     d = qdq(x, s, generator=g)
@@ -197,7 +203,7 @@ def test_packed_codes_round_trip_shapes():
     for preset, cols in (("mxfp4", 23), ("nvfp4", 23), ("int4_g32", 6)):
         q = quantize(x, preset)
         assert q.codes.shape == (7, cols)
-        unpacked = Scheme.from_dict({**q.scheme.to_dict(), "packing": None})
+        unpacked = Scheme.model_validate({**q.scheme.model_dump(), "packing": None})
         assert torch.equal(q.dequantize(), quantize(x, unpacked).dequantize())
 
 
@@ -213,11 +219,11 @@ def test_mx_scale_rules_hand_worked():
 
     x = torch.zeros(1, 32)
     x[0, 0] = 960.0
-    ocp = quantize(x, Scheme.from_dict({"format": "mxfp8"}), role="weight")
-    ceil = quantize(x, Scheme.from_dict({"format": "mxfp8", "scale_rule": "ceil"}), role="weight")
+    ocp = quantize(x, Scheme.model_validate({"format": "mxfp8"}), role="weight")
+    ceil = quantize(x, Scheme.model_validate({"format": "mxfp8", "scale_rule": "ceil"}), role="weight")
     assert int(ocp.scales.flatten()[0]) == 127 + 1 and int(ceil.scales.flatten()[0]) == 127 + 2
     assert ocp.dequantize()[0, 0].item() == 896.0 and ceil.dequantize()[0, 0].item() == 960.0
     x[0, 0] = 896.0
     for rule in ("ocp", "ceil"):
-        q = quantize(x, Scheme.from_dict({"format": "mxfp8", "scale_rule": rule}), role="weight")
+        q = quantize(x, Scheme.model_validate({"format": "mxfp8", "scale_rule": rule}), role="weight")
         assert int(q.scales.flatten()[0]) == 127 + 1 and q.dequantize()[0, 0].item() == 896.0

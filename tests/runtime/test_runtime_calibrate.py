@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from runtime_helpers import plan
 
-from pcc.numerics import Scheme, quantize
+from pcc.contract.scheme import preset
+from pcc.numerics import quantize
 from pcc.runtime.calibrate import NVFP4_RANGE, calibration_tokens, input_scales, quantize_static
 from pcc.runtime.model import Arch, init_weights, forward
 from pcc.runtime.rollout import RolloutEngine
@@ -15,7 +16,7 @@ from pcc.runtime.weights import convert_full
 
 
 def test_static_quantizer_is_the_dynamic_one_at_the_tensors_own_amax():
-    s = Scheme.parse("nvfp4")
+    s = preset("nvfp4")
     x = torch.randn(37, 72, generator=torch.Generator().manual_seed(0)) * 3
     dyn = quantize(x, s, "activation")
     st = quantize_static(x, s, (x.abs().max() / NVFP4_RANGE).reshape(()))

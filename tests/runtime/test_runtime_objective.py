@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from pcc.contract.model import Correction, SchemeSpec
-from pcc.numerics import Scheme, qdq, quantized_linear
+from pcc.contract.model import Correction
+from pcc.contract.scheme import Scheme
+from pcc.numerics import qdq, quantized_linear
 from pcc.runtime.linear import Gemm, gemm_for, plan_linear
 from pcc.runtime.model import bf16
 from pcc.runtime.objective import advantages, objective
 
-FP8 = SchemeSpec.model_validate({"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 128, "cols": 128},
+FP8 = Scheme.model_validate({"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 128, "cols": 128},
                                  "activations": {"kind": "tile", "rows": 1, "cols": 128},
                                  "gradients": {"kind": "tile", "rows": 1, "cols": 128}, "scale": "fp32"})
 
@@ -55,7 +56,7 @@ def test_qdq_linear_equals_pcc_numerics_linear():
     w = torch.randn(192, 256, generator=g) * 0.05
     gy = torch.randn(7, 192, generator=g)
     q = gemm_for(FP8, "qdq", "fp32")
-    s = Scheme.from_dict(FP8.model_dump(exclude={"amax"}))
+    s = FP8
 
     def run(fn):
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -81,4 +82,4 @@ def test_real_gemm_is_close_to_qdq_and_weight_gradient_is_straight_through():
     y_real.backward(gy)
     # STE: G_W = G_Y^T X over BF16 operands, never through the weight quantizer
     assert torch.allclose(w.grad, bf16(gy).t() @ bf16(x), rtol=1e-6)
-    assert not torch.equal(qdq(w.detach(), Scheme.from_dict(FP8.model_dump(exclude={"amax"})), "weight"), w.detach())
+    assert not torch.equal(qdq(w.detach(), FP8, "weight"), w.detach())

@@ -1,7 +1,8 @@
 """The formatter: canonical, idempotent, comment-preserving, meaning-preserving."""
 
 from pcc.lang import Reporter, build
-from pcc.lang.fmt import format_source
+from pcc.contract.fmt import format_source
+from pcc.contract.model import Contract
 
 MESSY = """# header
 contract m {   model tiny_moe ; hardware cpu
@@ -20,7 +21,7 @@ def _dict(text):
     rep = Reporter()
     d, _ = build(text, "m.prec", rep)
     assert not rep.diagnostics
-    return d
+    return Contract.model_validate(d)  # the meaning: what the scheme model makes of the statements
 
 
 def test_fmt_is_canonical_and_idempotent():

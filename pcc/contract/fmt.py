@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pcc.lang.build import FORMAT_DEFAULTS, ROLES, SourceMap, build
+from pydantic import ValidationError
+
+from pcc.contract.scheme import Scheme
+from pcc.lang.build import ROLES, SourceMap, build
 from pcc.lang.diagnostics import Reporter
 
 Line = tuple[str | None, str]  # (source-map path or None, text)
@@ -40,27 +43,15 @@ def _grouping(g: dict) -> str:
 
 
 def scheme_text(spec: dict) -> str:
-    """A canonical scheme dict as the shortest expression that builds it back."""
-    fmt = spec["format"]
-    out = [fmt]
-    d = FORMAT_DEFAULTS.get(fmt)
-    roles = {r: spec[r] for r in ROLES if spec.get(r)}
-    if d is not None:
-        default_roles = {r: d["group"] for r in d["roles"]}
-        if roles != default_roles:
-            if len({json.dumps(g, sort_keys=True) for g in roles.values()}) == 1 and set(roles) == set(d["roles"]):
-                out.append(_grouping(next(iter(roles.values()))))
-            else:
-                for r in ROLES:
-                    if r not in roles:
-                        continue
-                    implied = r == "gradients" and roles.get("activations") == roles[r] and "gradients" in d["roles"]
-                    if not implied:
-                        out.append(f"{r} {_grouping(roles[r])}")
-        if spec.get("scale", d["scale"]) != d["scale"]:
-            out.append("scale " + spec["scale"].replace("_", "+"))
-        if spec.get("packing", d.get("packing")) != d.get("packing"):
-            out.append(f"packing {spec['packing']}")
+    """A scheme dict as the expression that builds it back (defaults it states are printed)."""
+    out = [spec["format"]]
+    if spec.get("grouping"):
+        out.append(_grouping(spec["grouping"]))
+    out += [f"{r} {_grouping(spec[r])}" for r in ROLES if spec.get(r)]
+    if spec.get("scale"):
+        out.append("scale " + spec["scale"].replace("_", "+"))
+    if spec.get("packing"):
+        out.append(f"packing {spec['packing']}")
     for key, default in (("amax", "current"), ("scale_rule", "ocp"), ("rounding", "nearest_even")):
         if spec.get(key, default) != default:
             out.append(f"{key} {spec[key]}")
@@ -98,6 +89,15 @@ def _parallel(block: dict, section: str) -> list[Line]:
     return [(f"{section}.parallel", "parallel " + " ".join(f"{k} {v}" for k, v in par.items()))]
 
 
+def _shortest(spec: dict) -> dict:
+    """A scheme dict with its format's defaults left out; as written when it does not validate
+    (fmt formats contracts that do not check, too)."""
+    try:
+        return Scheme.model_validate(spec).minimal()
+    except ValidationError:
+        return spec
+
+
 def lines(d: dict) -> list[Line]:
     head = f"contract {d['name']}" + (f" extends {json.dumps(d['extends'])}" if d.get("extends") else "") + " {"
     out: list[Line] = [("name", head)]
@@ -109,7 +109,7 @@ def lines(d: dict) -> list[Line]:
     if "hardware" in d:
         top.append(("hardware", f"hardware {d['hardware']}"))
     body.append(top)
-    body.append([(f"schemes.{k}", f"scheme {k} = {scheme_text(v)}") for k, v in d.get("schemes", {}).items()])
+    body.append([(f"schemes.{k}", f"scheme {k} = {scheme_text(_shortest(v))}") for k, v in d.get("schemes", {}).items()])
     if "rollout" in d:
         r = d["rollout"]
         inner: list[Line] = []
