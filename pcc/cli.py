@@ -1,141 +1,264 @@
-"""The `pcc` command. Exit codes: 0 clean, 1 errors (or changes, for `fmt --check`), 2 usage.
+"""The `pcc` command: one frame for every verb (docs/cli.md).
 
-Commands that only read contracts (check, fmt, export, explain, plan, schema)
-import neither torch nor any engine, so they start fast.
+Conventions, the same on every verb:
+
+* `-o/--out` names where to write; `--source` names a source checkpoint (`--output`, `--to`
+  and `--from` are kept as hidden aliases).
+* A contract argument is a contract file or a bundle directory (its contract.prec), resolved
+  by one function (`Report.contract_file`) before the verb runs.
+* `--json` prints exactly one JSON document on stdout, success or failure, the envelope
+  `{"command", "ok", "exit_code", "diagnostics", "result"}`; human text then goes to stderr.
+* Exit codes: 0 ok, 1 errors found (or changes found: `diff`, `fmt --check`), 2 usage or an
+  input that cannot be read, 3 internal error (a bug in pcc: one line, never a traceback),
+  130 interrupted.
+
+Each verb is `fn(args, rep) -> exit code`, with `rep` the :class:`Report` it records its
+diagnostics and result in. Commands that only read contracts (check, fmt, export, explain,
+plan, schema) import neither torch nor any engine, so they start fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 
+EXIT_OK = 0
+EXIT_ERRORS = 1  # errors found, the operation failed, or (diff, fmt --check) changes found
+EXIT_USAGE = 2  # usage error, or an input argument that names nothing readable
+EXIT_INTERNAL = 3  # a bug in pcc
+EXIT_INTERRUPTED = 130
 
-def _print_diagnostics(diags, sources, as_json: bool) -> None:
-    if as_json:
-        return
-    for d in diags:
-        print(d.render(sources), file=sys.stderr)
+ENVELOPE_KEYS = ("command", "ok", "exit_code", "diagnostics", "result")
 
 
-def cmd_check(args) -> int:
+class UsageError(Exception):
+    """Exit 2: the command line is wrong, or an input it names cannot be read."""
+
+    def __init__(self, message: str, file: str | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+class Report:
+    """What one verb reports: diagnostics (always as objects) and its result.
+
+    Without --json the human form goes out as it happens (diagnostics rendered on stderr);
+    with --json nothing human reaches stdout and the frame prints :meth:`envelope`.
+    """
+
+    def __init__(self, command: str, as_json: bool):
+        self.command, self.json = command, as_json
+        self.diagnostics: list[dict] = []
+        self.result = None
+
+    # -- diagnostics
+    def diagnostic(self, d, sources: dict[str, str] | None = None, echo: bool = True) -> None:
+        """A pcc Diagnostic (pcc.lang.diagnostics), rendered on stderr unless --json or not `echo`."""
+        self.diagnostics.append(d.to_json())
+        if echo and not self.json:
+            print(d.render(sources), file=sys.stderr)
+
+    def extend(self, diagnostics, sources: dict[str, str] | None = None, echo: bool = True) -> None:
+        for d in diagnostics:
+            self.diagnostic(d, sources, echo)
+
+    def error(self, message: str, file: str | None = None, code: str | None = None,
+              severity: str = "error", echo: bool = True) -> None:
+        """A diagnostic that is not about a contract's text (code null): unreadable input, a
+        refused conversion, a failed launch. Printed as `pcc VERB: error: message` (unless
+        --json, or `echo` is false: the verb's own human output already says it)."""
+        d = {"code": code, "severity": severity, "message": message}
+        if file is not None:
+            d["file"] = file
+        self.diagnostics.append(d)
+        if echo and not self.json:
+            where = f"{file}: " if file and not message.startswith(file) else ""
+            print(f"pcc {self.command}: {severity}: {where}{message}", file=sys.stderr)
+
+    def warning(self, message: str, file: str | None = None) -> None:
+        self.error(message, file, severity="warning")
+
+    def fail(self, message: str, exit_code: int = EXIT_ERRORS, file: str | None = None) -> int:
+        self.error(message, file)
+        return exit_code
+
+    def say(self, text: str) -> None:
+        """Human output for stdout; nothing with --json (the envelope carries the result)."""
+        if not self.json:
+            print(text)
+
+    # -- inputs
+    def usage(self, message: str) -> UsageError:
+        return UsageError(message)
+
+    def contract_file(self, arg: str) -> str:
+        """CONTRACT or BUNDLE -> the contract file, the same resolution `pcc run` uses; exit 2
+        (UsageError) when `arg` names no readable contract file or bundle directory."""
+        from pcc.runtime.contract import ContractError, contract_path
+
+        try:
+            path = contract_path(arg)
+        except ContractError as exc:
+            raise UsageError(str(exc), arg) from None
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot read: {exc.strerror}", path) from None
+        return path
+
+    def envelope(self, exit_code: int) -> dict:
+        return {"command": self.command, "ok": exit_code == EXIT_OK, "exit_code": exit_code,
+                "diagnostics": self.diagnostics, "result": self.result}
+
+
+# -- the verbs that only read contracts ---------------------------------------------------------
+
+def cmd_check(args, rep: Report) -> int:
     from pcc.plan import compile_file
 
-    results, worst = [], 0
+    results, worst = [], EXIT_OK
     for path in args.files:
-        c = compile_file(path)
-        _print_diagnostics(c.diagnostics, c.sources, args.json)
+        try:
+            contract = rep.contract_file(path)
+        except UsageError as exc:
+            rep.error(str(exc), path)
+            results.append({"file": path, "contract": None, "ok": False, "errors": 1, "warnings": 0})
+            worst = EXIT_USAGE
+            continue
+        c = compile_file(contract)
+        rep.extend(c.diagnostics, c.sources)
         errors = sum(d.is_error for d in c.diagnostics)
         warnings = len(c.diagnostics) - errors
-        worst = max(worst, 1 if errors else 0)
-        entry = {"file": path, "ok": c.ok, "errors": errors, "warnings": warnings,
-                 "diagnostics": [d.to_json() for d in c.diagnostics]}
+        if errors:
+            worst = max(worst, EXIT_ERRORS)
+        entry = {"file": path, "contract": contract, "ok": c.ok, "errors": errors, "warnings": warnings}
         if c.plan is not None:
             entry["operators"] = len(c.plan.catalog.operators)
             entry["model"] = c.plan.catalog.name
         results.append(entry)
-        if not args.json:
-            status = "ok" if c.ok else "failed"
-            extra = f" ({entry['operators']} operators of {entry['model']})" if c.plan is not None else ""
-            print(f"{path}: {status}{extra}, {errors} error(s), {warnings} warning(s)")
-    if args.json:
-        print(json.dumps(results if len(results) > 1 else results[0], indent=1))
+        status = "ok" if c.ok else "failed"
+        extra = f" ({entry['operators']} operators of {entry['model']})" if c.plan is not None else ""
+        rep.say(f"{path}: {status}{extra}, {errors} error(s), {warnings} warning(s)")
+    rep.result = results
     return worst
 
 
-def _compiled_or_exit(path: str, as_json: bool):
+def compiled_or_none(rep: Report, arg: str):
+    """The checked plan of a contract or bundle, or None (its diagnostics reported)."""
     from pcc.plan import compile_file
 
-    c = compile_file(path)
+    c = compile_file(rep.contract_file(arg))
     if not c.ok:
-        _print_diagnostics(c.diagnostics, c.sources, False)
-        if as_json:
-            print(json.dumps({"file": path, "ok": False, "diagnostics": [d.to_json() for d in c.diagnostics]}))
+        rep.extend(c.diagnostics, c.sources)
         return None
+    rep.extend(c.diagnostics, c.sources, echo=False)  # warnings: in the envelope; `pcc check` shows them
     return c
 
 
-def cmd_export(args) -> int:
-    from pcc.contract.io import export, load
+def cmd_export(args, rep: Report) -> int:
+    from pcc.contract.io import canonical, export, load
     from pcc.lang.diagnostics import DiagnosticError
 
+    path = rep.contract_file(args.file)
     try:
-        loaded = load(args.file)
+        loaded = load(path)
     except DiagnosticError as exc:
-        _print_diagnostics(exc.diagnostics, _read(args.file), False)
-        return 1
-    return _emit(export(loaded.contract, args.format), args.output)
+        rep.extend(exc.diagnostics, _read(path))
+        return EXIT_ERRORS
+    rep.extend(loaded.diagnostics, loaded.sources, echo=False)
+    rep.result = {"file": args.file, "format": args.format, "out": args.out, "document": canonical(loaded.contract)}
+    return _emit(rep, export(loaded.contract, args.format), args.out)
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args, rep: Report) -> int:
     from pcc.plan.dump import plan_json
 
-    c = _compiled_or_exit(args.file, False)
+    c = compiled_or_none(rep, args.file)
     if c is None:
-        return 1
-    return _emit(plan_json(c.plan), args.output)
+        return EXIT_ERRORS
+    text = plan_json(c.plan)
+    rep.result = {"file": args.file, "out": args.out, "plan": json.loads(text)}
+    return _emit(rep, text, args.out)
 
 
-def _emit(text: str, output: str | None) -> int:
-    """Write to `output` atomically, or to stdout."""
-    if output:
-        _atomic_write(Path(output), text)
-    else:
+def _emit(rep: Report, text: str, out: str | None) -> int:
+    """Write to `out` atomically, or to stdout (not with --json: the envelope carries it)."""
+    if out:
+        try:
+            _atomic_write(Path(out), text)
+        except OSError as exc:
+            return rep.fail(f"{out}: cannot write: {exc.strerror}", file=out)
+    elif not rep.json:
         sys.stdout.write(text)
-    return 0
+    return EXIT_OK
 
 
-def cmd_explain(args) -> int:
+def cmd_explain(args, rep: Report) -> int:
     from pcc.plan.explain import explain, render
 
-    c = _compiled_or_exit(args.file, args.json)
+    c = compiled_or_none(rep, args.file)
     if c is None:
-        return 1
-    info = explain(c.plan)
-    print(json.dumps(info, indent=1) if args.json else render(info))
-    return 0
+        return EXIT_ERRORS
+    rep.result = explain(c.plan)
+    rep.say(render(rep.result))
+    return EXIT_OK
 
 
-def cmd_fmt(args) -> int:
+def cmd_fmt(args, rep: Report) -> int:
     from pcc.lang.diagnostics import DiagnosticError
-    from pcc.lang.fmt import format_source
+    from pcc.contract.fmt import format_source
     from pcc.lang.parser import read_source
 
-    status, report = 0, []
-    for path in args.files:
+    status, report = EXIT_OK, []
+    for arg in args.files:
+        try:
+            path = rep.contract_file(arg)
+            if args.write and Path(arg).is_dir():
+                raise UsageError(f"{arg}: a bundle's contract.prec is generated (its manifest holds the hash); "
+                                 "format the source contract and recompile", arg)
+        except UsageError as exc:
+            rep.error(str(exc), arg)
+            report.append({"file": arg, "ok": False})
+            status = EXIT_USAGE
+            continue
         try:
             text = read_source(path)
             out = format_source(text, path)
         except DiagnosticError as exc:
-            _print_diagnostics(exc.diagnostics, _read(path), args.json)
-            report.append({"file": path, "ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
-            status = max(status, 1)
+            rep.extend(exc.diagnostics, _read(path))
+            report.append({"file": arg, "ok": False})
+            status = max(status, EXIT_ERRORS)
             continue
-        report.append({"file": path, "ok": True, "canonical": out == text})
+        entry = {"file": arg, "ok": True, "canonical": out == text}
+        report.append(entry)
         if args.check:
             if out != text:
-                if not args.json:
+                if not rep.json:
                     print(f"{path}: would be reformatted", file=sys.stderr)
-                status = 1
+                status = max(status, EXIT_ERRORS)
         elif args.write:
             if out != text:
                 _atomic_write(Path(path), out)
-        elif not args.json:
+            entry["written"] = out != text
+        elif not rep.json:
             sys.stdout.write(out)
-    if args.json:
-        print(json.dumps(report, indent=1))
+    rep.result = report
     return status
 
 
-def cmd_schema(args) -> int:
+def cmd_schema(args, rep: Report) -> int:
     from pcc.contract.schema import schema_files
 
     out = Path(args.out or _default_schema_dir())
-    stale = []
+    stale, names = [], []
     for name, text in schema_files().items():
         target = out / name
+        names.append(str(target))
         if args.check:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 stale.append(str(target))
@@ -143,8 +266,9 @@ def cmd_schema(args) -> int:
             out.mkdir(parents=True, exist_ok=True)
             _atomic_write(target, text)
     for s in stale:
-        print(f"{s}: stale; run 'pcc schema --out {args.out}'", file=sys.stderr)
-    return 1 if stale else 0
+        rep.error(f"{s}: stale; run 'pcc schema --out {out}'", file=s)
+    rep.result = {"out": str(out), "check": args.check, "files": names, "stale": stale}
+    return EXIT_ERRORS if stale else EXIT_OK
 
 
 def _read(path: str) -> dict[str, str]:
@@ -173,9 +297,42 @@ def _default_schema_dir() -> str:
     return str(data_dir("schemas"))
 
 
+# -- the frame ----------------------------------------------------------------------------------
+
 # Commands that live beside their stage: each module has `register(subparsers)`, and
 # imports nothing heavy (torch, engines) at module level, so `pcc check` stays fast.
 COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error raises (so the frame can answer --json with the envelope)."""
+
+    def error(self, message):
+        raise _ArgparseError(self, message)
+
+
+class _ArgparseError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+
+
+def add_out(s, help: str, *aliases: str, required: bool = False, **kw) -> None:
+    """`-o/--out`, the one spelling for "where to write"; `aliases` work but are not shown."""
+    s.add_argument("-o", "--out", help=help + (" (required)" if required else ""), **kw)
+    for a in aliases:
+        s.add_argument(a, dest="out", help=argparse.SUPPRESS)
+    if required:
+        s.set_defaults(required_out=True)
+
+
+def _wire_run_targets() -> None:
+    """`pcc run --target miles` launches a bundle on Miles: the bundle stage's launcher,
+    registered here so the runtime (a later stage than bundle) need not know about it."""
+    from pcc.bundle.cli import run_on_miles
+    from pcc.runtime.cli import add_run_target
+
+    add_run_target("miles", run_on_miles)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -183,57 +340,132 @@ def parser() -> argparse.ArgumentParser:
 
     from pcc import __version__
 
-    p = argparse.ArgumentParser(prog="pcc", description="The precision-contract compiler for LLM RL.")
+    p = _Parser(prog="pcc", description="The precision-contract compiler for LLM RL. Conventions (flags, "
+                "--json envelope, exit codes 0 ok / 1 errors or changes / 2 usage or unreadable input / "
+                "3 internal error): docs/cli.md.")
     p.add_argument("--version", action="version", version=f"pcc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    json_help = "print one JSON envelope on stdout (docs/cli.md)"
 
     s = sub.add_parser("check", help="parse, resolve and check contracts")
-    s.add_argument("files", nargs="+")
-    s.add_argument("--json", action="store_true", help="machine-readable diagnostics")
+    s.add_argument("files", nargs="+", metavar="CONTRACT|BUNDLE")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_check)
 
     s = sub.add_parser("fmt", help="print contracts in the canonical layout")
-    s.add_argument("files", nargs="+")
+    s.add_argument("files", nargs="+", metavar="CONTRACT|BUNDLE")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if a file is not canonical")
     g.add_argument("--write", "-w", action="store_true", help="rewrite files in place")
-    s.add_argument("--json", action="store_true", help="report which files are canonical, as JSON")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_fmt)
 
     s = sub.add_parser("export", help="print the canonical contract as JSON or YAML")
-    s.add_argument("file")
+    s.add_argument("file", metavar="CONTRACT|BUNDLE")
     s.add_argument("--format", choices=("json", "yaml"), default="json")
-    s.add_argument("--output", "-o")
+    add_out(s, "write the document to this file (default: stdout)", "--output", metavar="FILE")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("plan", help="print the resolved plan (explicit tensor lists) as JSON")
-    s.add_argument("file")
-    s.add_argument("--output", "-o")
+    s.add_argument("file", metavar="CONTRACT|BUNDLE")
+    add_out(s, "write the plan to this file (default: stdout)", "--output", metavar="FILE")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("explain", help="component trace, operator coverage, representations and bytes")
-    s.add_argument("file")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("file", metavar="CONTRACT|BUNDLE")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_explain)
 
     s = sub.add_parser("schema", help="write (or --check) the JSON Schemas generated from the model")
-    s.add_argument("--out", default=None, help="folder (default: the schemas/ folder pcc ships)")
+    add_out(s, "folder (default: the schemas/ folder pcc ships)", metavar="DIR")
     s.add_argument("--check", action="store_true", help="exit 1 if the files differ from the model")
+    s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_schema)
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _wire_run_targets()
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def _command_of(argv: list[str]) -> str:
+    """The verb named on a command line argparse refused (for the envelope)."""
+    return next((a for a in argv if not a.startswith("-")), "pcc")
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """With --json, everything a verb (or a child process) writes to stdout goes to stderr,
+    so stdout carries the envelope alone."""
+    sys.stdout.flush()
     try:
-        return args.fn(args)
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _run(args, rep: Report) -> int:
+    if getattr(args, "required_out", False) and not args.out:
+        raise UsageError("the following arguments are required: -o/--out")
+    return args.fn(args, rep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    rep = Report(_command_of(argv), as_json)
+    try:
+        try:
+            args = parser().parse_args(argv)
+        except _ArgparseError as exc:
+            exc.parser.print_usage(sys.stderr)
+            print(f"{exc.parser.prog}: error: {exc}", file=sys.stderr)
+            rep.diagnostics.append({"code": None, "severity": "error", "message": str(exc)})
+            code = EXIT_USAGE
+        else:
+            rep.command, rep.json = args.command, bool(getattr(args, "json", False))
+            with _stdout_to_stderr() if rep.json else contextlib.nullcontext():
+                try:
+                    code = _run(args, rep)
+                except UsageError as exc:
+                    rep.error(str(exc), exc.file)
+                    code = EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        rep.error("interrupted")
+        code = EXIT_INTERRUPTED
     except BrokenPipeError:
-        return 0
+        return _reader_left()
+    except Exception as exc:  # a bug in pcc: one line, never a traceback
+        message = f"internal error: {type(exc).__name__}: {exc} (please report)"
+        print(f"pcc: {message}", file=sys.stderr)
+        rep.diagnostics.append({"code": None, "severity": "error", "message": message})
+        code = EXIT_INTERNAL
+    if rep.json:
+        try:
+            print(json.dumps(rep.envelope(code), indent=1, default=str), flush=True)
+        except BrokenPipeError:
+            return _reader_left()
+    return code
+
+
+def _reader_left() -> int:
+    """`pcc plan X | head`: the reader left; nothing more to say (and no error at exit)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -106,12 +106,14 @@ def test_cli_check_json_shape() -> None:
     proc = subprocess.run([sys.executable, "-m", "pcc.cli", "check", "--json", str(path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 1, proc.stderr
-    out = json.loads(proc.stdout)
+    env = json.loads(proc.stdout)
+    assert env["command"] == "check" and env["ok"] is False and env["exit_code"] == 1
+    [out] = env["result"]  # one entry per file, always a list
     assert out["file"] == str(path)
     assert out["ok"] is False
     assert out["errors"] == 1 and out["warnings"] == 0
     assert out["model"] == "tiny_moe" and out["operators"] > 0
-    [diag] = out["diagnostics"]
+    [diag] = env["diagnostics"]
     assert diag["code"] == "PCC301" and diag["severity"] == "error"
     assert (diag["line"], diag["col"]) == (6, 5)
     assert Path(diag["file"]).name == path.name
@@ -123,5 +125,6 @@ def test_cli_check_clean_exit_zero() -> None:
     proc = subprocess.run([sys.executable, "-m", "pcc.cli", "check", "--json", str(path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert out["ok"] is True and out["errors"] == 0 and out["diagnostics"] == []
+    env = json.loads(proc.stdout)
+    [out] = env["result"]
+    assert env["ok"] is True and out["errors"] == 0 and env["diagnostics"] == []

@@ -1,4 +1,5 @@
-"""The command line: exit codes, --json, schema freshness, and a cold start without torch."""
+"""The command line: exit codes, --json, schema freshness, and a cold start without torch.
+The conventions shared by every verb (aliases, bundles, the envelope): tests/test_cli_conventions.py."""
 
 import json
 import subprocess
@@ -60,7 +61,7 @@ def test_export_then_check_gives_the_same_plan(tmp_path, capsys):
 
 def test_explain_reports_trace_and_bytes(capsys, tmp_path):
     assert main(["explain", "--json", _write(tmp_path, GOOD)]) == 0
-    info = json.loads(capsys.readouterr().out)
+    info = json.loads(capsys.readouterr().out)["result"]
     assert set(info["trace"]) == {"rollout", "fprop", "dgrad", "wgrad", "optimizer", "sync"}
     roll = {p["scheme"]: p["operators"] for p in info["trace"]["rollout"]}
     assert roll["fp8_block"] == 4 * 8 * 3  # tiny_moe: 4 layers x 8 experts x (gate, up, down)
@@ -150,6 +151,6 @@ def test_model_from_a_checkpoint_resolves_against_its_real_names(tmp_path):
 def test_fmt_json_and_version(tmp_path, capsys):
     p = _write(tmp_path, GOOD.replace("  hardware cpu\n", "  hardware   cpu\n"))
     assert main(["fmt", "--check", "--json", p]) == 1
-    assert json.loads(capsys.readouterr().out) == [{"file": p, "ok": True, "canonical": False}]
+    assert json.loads(capsys.readouterr().out)["result"] == [{"file": p, "ok": True, "canonical": False}]
     r = subprocess.run([sys.executable, "-m", "pcc.cli", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("pcc ")

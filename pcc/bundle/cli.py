@@ -1,38 +1,64 @@
-"""`pcc compile CONTRACT -o BUNDLE`: check, resolve, lower every target, write the bundle."""
+"""`pcc compile CONTRACT -o BUNDLE`: check, resolve, lower every target, write the bundle;
+and the `miles` target of `pcc run` (registered by pcc/cli.py). Handlers are
+`fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import sys
 
 
-def cmd_compile(args) -> int:
+def cmd_compile(args, rep) -> int:
     from pcc.bundle import BundleError, write_bundle
     from pcc.plan import compile_file
 
-    c = compile_file(args.file)
-    for d in c.diagnostics:
-        if not args.json:
-            print(d.render(c.sources), file=sys.stderr)
+    c = compile_file(rep.contract_file(args.file))
+    rep.extend(c.diagnostics, c.sources)
     if not c.ok:
-        if args.json:
-            print(json.dumps({"file": args.file, "ok": False, "diagnostics": [d.to_json() for d in c.diagnostics]}))
         return 1
     try:
-        files = write_bundle(c.plan, args.output, force=args.force)
+        files = write_bundle(c.plan, args.out, force=args.force)
     except BundleError as exc:
-        print(f"pcc compile: {exc}", file=sys.stderr)
-        return 1
-    verified = verify_engines(c.plan, args.output) if args.verify else []
+        return rep.fail(str(exc))
+    verified = verify_engines(c.plan, args.out) if args.verify else []
     failed = [v for v in verified if not v["ok"]]
-    if args.json:
-        print(json.dumps({"file": args.file, "ok": not failed, "bundle": args.output, "files": sorted(files),
-                          "verify": verified, "diagnostics": [d.to_json() for d in c.diagnostics]}, indent=1))
-    else:
-        print(f"{args.output}: {len(files)} files from {args.file}")
-        for v in verified:
-            print(f"  verify {v['target']}: {'ok' if v['ok'] else 'REJECTED: ' + v['message']}")
+    for v in failed:
+        rep.error(f"verify {v['target']}: REJECTED: {v['message']}")
+    rep.result = {"file": args.file, "bundle": args.out, "files": sorted(files), "verify": verified}
+    rep.say(f"{args.out}: {len(files)} files from {args.file}")
+    for v in verified:
+        rep.say(f"  verify {v['target']}: {'ok' if v['ok'] else 'REJECTED: ' + v['message']}")
     return 1 if failed else 0
+
+
+def run_on_miles(args, rep) -> int:
+    """`pcc run CONTRACT|BUNDLE --target miles [--dry-run]`: pcc.bundle.launch, in the frame's terms
+    (with --json its printed launch becomes the envelope's result, its errors diagnostics)."""
+    from pcc.bundle.launch import run_miles
+
+    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
+    if not rep.json:
+        code = run_miles(args.contract, args.dry_run, False)
+    else:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = run_miles(args.contract, args.dry_run, True)
+        sys.stderr.write(err.getvalue())
+        if out.getvalue().strip():
+            rep.result = json.loads(out.getvalue())
+        if code != 0:
+            text = err.getvalue().strip()
+            problems = [ln.strip()[2:] for ln in text.splitlines() if ln.startswith("  - ")]
+            for p in problems:
+                rep.error(f"cannot launch on Miles: {p}")
+            if text and not problems:
+                rep.error(text.removeprefix("error: "))
+    if code not in (0, 1):
+        return rep.fail(f"miles/launch.sh exited with status {code}")
+    return code
 
 
 def verify_engines(plan, bundle: str) -> list[dict]:
@@ -77,9 +103,11 @@ def verify_engines(plan, bundle: str) -> list[dict]:
 
 def register(sub) -> None:
     s = sub.add_parser("compile", help="compile a contract into a runnable job bundle")
-    s.add_argument("file")
-    s.add_argument("-o", "--output", required=True, help="the bundle directory to write")
+    s.add_argument("file", metavar="CONTRACT|BUNDLE")
+    s.add_argument("-o", "--out", metavar="BUNDLE", help="the bundle directory to write (required)")
+    s.add_argument("--output", dest="out", help=argparse.SUPPRESS)
+    s.set_defaults(required_out=True)
     s.add_argument("--force", action="store_true", help="replace an existing bundle")
     s.add_argument("--verify", action="store_true", help="check the engine arguments with the engines' parsers")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout (docs/cli.md)")
     s.set_defaults(fn=cmd_compile)

@@ -1,9 +1,10 @@
-"""`pcc convert` and `pcc verify-checkpoint`. Torch is imported only inside the handlers."""
+"""`pcc convert` and `pcc verify-checkpoint`. Torch is imported only inside the handlers.
+
+Handlers are `fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 
@@ -20,43 +21,39 @@ def _size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def _fail(err: Exception, as_json: bool) -> int:
-    if as_json:
-        print(json.dumps({"ok": False, "error": str(err)}))
-    else:
-        print(f"pcc: error: {err}", file=sys.stderr)
-    return 1
+def cmd_convert(args, rep) -> int:
+    from pathlib import Path
 
-
-def cmd_convert(args) -> int:
     from pcc.convert import ConvertError
 
+    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
+    src = args.adapter or args.source
+    if src is None:
+        raise rep.usage("--source SRC is required (or --adapter SRC)")
+    if not Path(src).exists():
+        raise rep.usage(f"{src}: no such checkpoint")
     try:
         if args.adapter:
             from pcc.convert.adapter import export_adapter
 
-            summary = export_adapter(args.contract, args.adapter, args.to, force=args.force)
+            summary = export_adapter(args.contract, args.adapter, args.out, force=args.force)
         else:
             from pcc.convert.run import DEFAULT_SHARD_BYTES, convert
 
-            if args.source is None:
-                print("pcc convert: error: --from SRC is required (or --adapter SRC)", file=sys.stderr)
-                return 2
             shard = _size(args.max_shard_size) if args.max_shard_size else DEFAULT_SHARD_BYTES
-            summary = convert(args.contract, args.source, args.to, resume=args.resume, force=args.force,
-                              max_shard_bytes=shard, progress=not args.json, calibrate=args.calibrate,
+            summary = convert(args.contract, args.source, args.out, resume=args.resume, force=args.force,
+                              max_shard_bytes=shard, progress=not rep.json, calibrate=args.calibrate,
                               calibration_tokens=args.calibration_tokens)
     except (ConvertError, ValueError, OSError) as err:
-        return _fail(err, args.json)
+        return rep.fail(str(err))
     _warn_input_scales(summary)
-    if args.json:
-        print(json.dumps(summary, indent=1, sort_keys=True))
-    elif "layout" in summary:
-        print(f"{summary['destination']}: {summary['layout']} rollout checkpoint, {summary['tensors']} tensors in "
-              f"{summary['shards']} shard(s) ({summary['resumed_shards']} resumed), "
-              f"{summary['input_bytes'] / 1e9:.3f} GB read in {summary['seconds']} s")
+    rep.result = summary
+    if "layout" in summary:
+        rep.say(f"{summary['destination']}: {summary['layout']} rollout checkpoint, {summary['tensors']} tensors in "
+                f"{summary['shards']} shard(s) ({summary['resumed_shards']} resumed), "
+                f"{summary['input_bytes'] / 1e9:.3f} GB read in {summary['seconds']} s")
     else:
-        print(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")
+        rep.say(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")
     return 0
 
 
@@ -73,26 +70,36 @@ def _warn_input_scales(summary: dict) -> None:
               f"{summary['calibration_batch']} in {summary['calibration_seconds']} s", file=sys.stderr)
 
 
-def cmd_verify(args) -> int:
+def cmd_verify(args, rep) -> int:
+    from pathlib import Path
+
     from pcc.convert import ConvertError
     from pcc.convert.verify import verify
 
+    rep.contract_file(args.contract)
+    for what in (args.directory, args.source):
+        if what is not None and not Path(what).exists():
+            raise rep.usage(f"{what}: no such checkpoint")
     try:
         report = verify(args.contract, args.directory, source=args.source, full=args.full)
     except (ConvertError, ValueError, OSError) as err:
-        return _fail(err, args.json)
-    if args.json:
-        print(json.dumps(report, indent=1, sort_keys=True))
-    else:
-        for p in report["problems"]:
-            more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""
-            print(f"{args.directory}: {p['family']}: {p['tensor']}: {p['message']}{more}", file=sys.stderr)
-        for f in report["findings"]:
-            print(f"{args.directory}: warning: {f['family']}: {f['tensor']}: {f['message']}", file=sys.stderr)
-        status = "ok" if report["ok"] else "FAILED"
-        print(f"{args.directory}: {status}: {report['layout']} layout, {report['tensors']} tensors, "
-              f"values checked for {report['values_checked']}")
+        return rep.fail(str(err))
+    rep.result = report
+    for p in report["problems"]:
+        more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""
+        rep.error(f"{p['family']}: {p['tensor']}: {p['message']}{more}", file=args.directory)
+    for f in report["findings"]:
+        rep.warning(f"{f['family']}: {f['tensor']}: {f['message']}", file=args.directory)
+    status = "ok" if report["ok"] else "FAILED"
+    rep.say(f"{args.directory}: {status}: {report['layout']} layout, {report['tensors']} tensors, "
+            f"values checked for {report['values_checked']}")
     return 0 if report["ok"] else 1
+
+
+def _source(s) -> None:
+    """`--source SRC`, the one spelling for a source checkpoint; `--from` is a hidden alias."""
+    s.add_argument("--source", metavar="SRC", help="the source checkpoint (Hugging Face safetensors directory)")
+    s.add_argument("--from", dest="source", help=argparse.SUPPRESS)
 
 
 def register(subparsers) -> None:
@@ -100,8 +107,11 @@ def register(subparsers) -> None:
 
     s = subparsers.add_parser("convert", help="build the rollout checkpoint a contract's rollout loads")
     s.add_argument("contract", metavar="CONTRACT|BUNDLE")
-    s.add_argument("--from", dest="source", metavar="SRC", help="Hugging Face checkpoint (safetensors)")
-    s.add_argument("--to", required=True, metavar="DST")
+    _source(s)
+    s.add_argument("-o", "--out", metavar="DST", help="the rollout checkpoint (or adapter) directory to write "
+                   "(required)")
+    s.add_argument("--to", dest="out", help=argparse.SUPPRESS)
+    s.set_defaults(required_out=True)
     s.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     s.add_argument("--force", action="store_true", help="replace an existing destination")
     s.add_argument("--max-shard-size", metavar="SIZE", help="largest output shard (default 5GB)")
@@ -113,13 +123,14 @@ def register(subparsers) -> None:
     s.add_argument("--calibration-tokens", metavar="FILE",
                    help="safetensors file with one integer tensor [rows, seq] of token ids to calibrate on "
                         "(default: pcc.runtime's fixed batch)")
-    s.add_argument("--json", action="store_true", help="machine-readable summary")
+    s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout (docs/cli.md)")
     s.set_defaults(fn=cmd_convert)
 
     s = subparsers.add_parser("verify-checkpoint", help="check a rollout checkpoint against a contract")
     s.add_argument("contract", metavar="CONTRACT|BUNDLE")
     s.add_argument("directory", metavar="DIR")
-    s.add_argument("--source", metavar="SRC", help="the source checkpoint: compare codes and values")
-    s.add_argument("--full", action="store_true", help="check the values of every tensor, not a sample")
-    s.add_argument("--json", action="store_true")
+    _source(s)
+    s.add_argument("--full", action="store_true", help="check the values of every tensor, not a sample "
+                   "(--source: compare codes and values with the source)")
+    s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout (docs/cli.md)")
     s.set_defaults(fn=cmd_verify)

@@ -1,12 +1,20 @@
 """`pcc run` (the embedded runtime, the default target) and `pcc experiment trainer-variants`.
 
-Nothing heavy is imported at module level: torch loads inside the handlers.
+Nothing heavy is imported at module level: torch loads inside the handlers. Other targets
+(`--target miles`) are registered by the `pcc` command (`add_run_target`); this module
+knows only its own. Handlers are `fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md).
 """
 
 from __future__ import annotations
 
-import json
 import sys
+
+# --target NAME -> fn(args, rep): the embedded runtime here, others added by pcc/cli.py.
+RUN_TARGETS: dict = {}
+
+
+def add_run_target(name: str, fn) -> None:
+    RUN_TARGETS[name] = fn
 
 
 def _common(s) -> None:
@@ -21,17 +29,20 @@ def _common(s) -> None:
     s.add_argument("--group", type=int, default=None, help="samples per prompt (default 8)")
     s.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-4)")
     s.add_argument("--temperature", type=float, default=None)
-    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout (docs/cli.md)")
 
 
 def register(sub) -> None:
+    add_run_target("embedded", _run_embedded)
     s = sub.add_parser("run", help="run the compiled RL job on the embedded CPU runtime (default target)")
     _common(s)
-    s.add_argument("--target", default="embedded", choices=("embedded", "miles"),
-                   help="where to run: the embedded runtime (no GPU), or Miles (Megatron + SGLang over Ray)")
-    s.add_argument("--dry-run", action="store_true", help="with --target miles: print the command and environment")
+    s.add_argument("--target", default="embedded", choices=RUN_TARGETS,
+                   help="where to run: embedded (the default: the CPU runtime on this machine, no GPU), or a "
+                        "registered launcher, e.g. miles (Megatron + SGLang over Ray, from the bundle)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="with a target that launches elsewhere: print the launch, start nothing")
     s.add_argument("--steps", type=int, default=30)
-    s.add_argument("--out", help="run directory (default runs/<contract>-s<seed>)")
+    s.add_argument("-o", "--out", metavar="DIR", help="run directory (default runs/<contract>-s<seed>)")
     s.add_argument("--resume", action="store_true", help="continue from the run directory's last completed step")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (they need matplotlib)")
     s.add_argument("--inject-fault", metavar="KIND:VERSION:TENSOR",
@@ -58,10 +69,11 @@ def _config(args):
     return cfg
 
 
-def _compile(args):
+def _compile(args, rep):
     from .contract import ContractError, compile_for_runtime
     from .model import ArchError
 
+    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
     try:
         c = compile_for_runtime(args.contract, args.model)
         from .model import Arch
@@ -72,12 +84,10 @@ def _compile(args):
                   f"contract's; --model chooses another", file=sys.stderr)
         return c
     except ContractError as exc:
-        for d in exc.diagnostics:
-            if d.is_error:
-                print(d.render(exc.sources), file=sys.stderr)
-        print(f"error: {exc}", file=sys.stderr)
+        rep.extend([d for d in exc.diagnostics if d.is_error], exc.sources)
+        rep.error(str(exc))
     except ArchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        rep.error(str(exc))
     return None
 
 
@@ -93,14 +103,15 @@ def _fault(text: str | None):
     return Fault(int(version), kind, tensor)
 
 
-def cmd_run(args) -> int:
+def cmd_run(args, rep) -> int:
+    return RUN_TARGETS[args.target](args, rep)
+
+
+def _run_embedded(args, rep) -> int:
     from pathlib import Path
 
-    if args.target == "miles":
-        from pcc.bundle.launch import run_miles
-
-        return run_miles(args.contract, args.dry_run, args.json)
-
+    if args.dry_run:
+        raise rep.usage("--dry-run: the embedded target runs here and launches nothing; use --target miles")
     from .loop import InjectedCrash
     from .plots import PlotError
     from .report import render
@@ -109,9 +120,8 @@ def cmd_run(args) -> int:
     try:
         fault = _fault(args.inject_fault)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    c = _compile(args)
+        raise rep.usage(str(exc)) from None
+    c = _compile(args, rep)
     if c is None:
         return 1
     cfg = _config(args)
@@ -120,34 +130,31 @@ def cmd_run(args) -> int:
     try:
         summary = execute(c, cfg, out, resume=args.resume, plots=not args.no_plots)
     except InjectedCrash as exc:
-        print(f"error: {exc}; continue with: pcc run {args.contract} --resume --out {out}", file=sys.stderr)
-        return 1
+        return rep.fail(f"{exc}; continue with: pcc run {args.contract} --resume --out {out}")
     except (PlotError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(render(summary))
-        print(f"run directory: {out}")
+        return rep.fail(str(exc))
+    rep.result = summary
+    rep.say(render(summary))
+    rep.say(f"run directory: {out}")
     if summary["error"]:
-        print(f"error: {summary['error']}", file=sys.stderr)
-        return 1
+        return rep.fail(summary["error"])
     return 0
 
 
-def cmd_trainer_variants(args) -> int:
+def cmd_trainer_variants(args, rep) -> int:
     from .experiment import render, trainer_variants
     from .session import set_threads
 
     set_threads()
-    c = _compile(args)
+    c = _compile(args, rep)
     if c is None:
         return 1
     try:
         res = trainer_variants(c.plan, _config(args))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(res, indent=1) if args.json else render(res))
-    return 0 if res["finding"]["reproduced"] else 1
+        return rep.fail(str(exc))
+    rep.result = res
+    rep.say(render(res))
+    if not res["finding"]["reproduced"]:
+        return rep.fail("the finding was not reproduced (result.finding)")
+    return 0

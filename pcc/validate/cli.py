@@ -1,8 +1,9 @@
-"""`pcc validate`: the validation ladder. Torch is imported only inside the handler."""
+"""`pcc validate`: the validation ladder. Torch is imported only inside the handler.
+
+The handler is `fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md)."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 
@@ -12,7 +13,7 @@ def register(sub) -> None:
     s.add_argument("--levels", default="1-8", help="levels to run, e.g. 1-8, 4, 2,4-6 (9 = performance profile)")
     s.add_argument("--engine", default="local", metavar="local|http://HOST:PORT",
                    help="the rollout engine: the embedded runtime, or an SGLang server")
-    s.add_argument("--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
+    s.add_argument("-o", "--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
     s.add_argument("--keep-going", action="store_true", help="run every level even after one fails")
     s.add_argument("--model", default="auto", help="re-resolve the contract on this catalog (e.g. tiny_moe), "
                    "on hardware cpu; auto (the default): the contract's own model when it is CPU-size, else the "
@@ -23,11 +24,12 @@ def register(sub) -> None:
                    help="self-test: inject a known fault (scale_layout, accumulation, swapped_expert, "
                         "inactive_adapter, mixed_version)")
     s.add_argument("--no-plots", action="store_true")
-    s.add_argument("--json", action="store_true", help="print report.json")
+    s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout, report.json its "
+                   "result (docs/cli.md)")
     s.set_defaults(fn=cmd_validate)
 
 
-def cmd_validate(args) -> int:
+def cmd_validate(args, rep) -> int:
     from pathlib import Path
 
     from pcc.runtime.session import set_threads
@@ -39,11 +41,10 @@ def cmd_validate(args) -> int:
     try:
         levels = parse_levels(args.levels)
     except ValueError as exc:
-        print(f"pcc validate: error: {exc}", file=sys.stderr)
-        return 2
+        raise rep.usage(str(exc)) from None
     if args.engine != "local" and not args.engine.startswith(("http://", "https://")):
-        print(f"pcc validate: error: --engine {args.engine!r}: expected local or http://HOST:PORT", file=sys.stderr)
-        return 2
+        raise rep.usage(f"--engine {args.engine!r}: expected local or http://HOST:PORT")
+    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
     set_threads()
     cfg = ValidateConfig(seed=args.seed)
     if args.steps is not None:
@@ -53,19 +54,18 @@ def cmd_validate(args) -> int:
         model = None if args.engine != "local" and args.model == "auto" else args.model
         report = validate(args.contract, levels, out, engine=args.engine, model=model,
                           keep_going=args.keep_going, cfg=cfg, inject=tuple(args.inject_fault),
-                          progress=sys.stderr.isatty() and not args.json, plots=not args.no_plots)
+                          progress=sys.stderr.isatty() and not rep.json, plots=not args.no_plots)
     except FaultError as exc:
-        print(f"pcc validate: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        for lv in report["levels"]:
-            line = f"level {lv['level']} {lv['name']}: {lv['status']}"
-            if lv["status"] in ("fail", "error"):
-                line += f"; localizes {lv['localizes']}" if lv["localizes"] else ""
-                for f in lv["findings"][:3]:
-                    line += f"\n    {f}"
-            print(line)
-        print(f"report: {out / 'report.md'}")
+        raise rep.usage(str(exc)) from None
+    rep.result = report
+    for lv in report["levels"]:
+        line = f"level {lv['level']} {lv['name']}: {lv['status']}"
+        if lv["status"] in ("fail", "error"):
+            line += f"; localizes {lv['localizes']}" if lv["localizes"] else ""
+            for f in lv["findings"][:3]:
+                line += f"\n    {f}"
+            rep.error(f"level {lv['level']} {lv['name']}: {lv['status']}"
+                      + (f"; localizes {lv['localizes']}" if lv["localizes"] else ""), echo=False)
+        rep.say(line)
+    rep.say(f"report: {out / 'report.md'}")
     return 0 if report["ok"] else 1

@@ -16,7 +16,7 @@ def test_dry_run_prints_the_command_with_absolute_bundle_files(tmp_path, capsys)
     bundle = tmp_path / "b"
     write_bundle(compile_file(str(ROOT / "contracts/selective_nvfp4.prec")).plan, bundle)
     assert main(["run", str(bundle), "--target", "miles", "--dry-run", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["result"]
     cmd = out["command"]
     assert cmd[:3] == ["ray", "job", "submit"] and "--fp4-format" in cmd
     precision = Path(cmd[cmd.index("--te-precision-config-file") + 1])

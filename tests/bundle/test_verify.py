@@ -32,5 +32,5 @@ def engines():
 @pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
 def test_compile_verify_accepts_every_shipped_contract(engines, path, tmp_path, capsys):
     assert main(["compile", str(path), "-o", str(tmp_path / "b"), "--verify", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["result"]
     assert [(v["target"], v["ok"]) for v in out["verify"]] == [("megatron", True), ("sglang", True)], out["verify"]

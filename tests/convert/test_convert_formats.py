@@ -35,7 +35,7 @@ def _load(directory):
 
 def _run(args, capsys):
     code = main(args)
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out)["result"]
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))

@@ -37,12 +37,13 @@ def _load(directory):
 def _convert(contract, src, dst, capsys, *extra):
     code = main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--json", *extra])
     got = capsys.readouterr()
-    return code, json.loads(got.out), got.err
+    env = json.loads(got.out)  # the --json envelope: the summary on success, else why (diagnostics)
+    return code, env["result"] if env["ok"] else env, got.err
 
 
 def _verify(contract, dst, src, capsys):
     code = main(["verify-checkpoint", str(contract), str(dst), "--source", str(src), "--full", "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out)["result"]
 
 
 class _Inputs:
@@ -179,7 +180,8 @@ def _dense_nvfp4(tmp_path, **config):
 def test_an_architecture_the_runtime_cannot_run_is_refused(config, named, tmp_path, capsys):
     contract, src = _dense_nvfp4(tmp_path, **config)
     code, summary, _ = _convert(contract, src, tmp_path / "out", capsys, "--calibrate")
-    assert code == 1 and named in summary["error"] and "config.json" in summary["error"]
+    assert code == 1 and named in summary["diagnostics"][0]["message"]
+    assert "config.json" in summary["diagnostics"][0]["message"]
     assert not (tmp_path / "out").exists()
     code, summary, err = _convert(contract, src, tmp_path / "out", capsys)  # default: written, loudly uncalibrated
     assert code == 0 and summary["uncalibrated_input_scales"] == summary["input_scales"] == 28
@@ -222,4 +224,4 @@ def test_calibration_tokens_from_a_file(source, tmp_path, capsys):
     save_file({"input_ids": tokens + 600}, str(tmp_path / "bad.safetensors"))
     code, summary, _ = _convert(contract, src, tmp_path / "bad", capsys, "--calibration-tokens",
                                 str(tmp_path / "bad.safetensors"))
-    assert code == 1 and "outside [0, 512)" in summary["error"]
+    assert code == 1 and "outside [0, 512)" in summary["diagnostics"][0]["message"]

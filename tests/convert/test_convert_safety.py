@@ -44,7 +44,7 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path):
     assert partial_dir(dst).is_dir()
     done = subprocess.run([*cmd, "--to", str(dst), "--resume"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["resumed_shards"] >= 2
+    assert json.loads(done.stdout)["result"]["resumed_shards"] >= 2
     ref = tmp_path / "ref"
     assert main(["convert", *args, "--to", str(ref)]) == 0
     assert _files(dst) == _files(ref)

@@ -30,7 +30,7 @@ def test_exit_codes_and_text(capsys):
 
 def test_json_and_markdown(capsys):
     assert main(["diff", A, KV, "--json"]) == 1
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["result"]
     assert report["changed"] and report["components"]["rollout"][0]["family"] == "attn.kv"
     assert main(["diff", A, KV, "--format", "markdown"]) == 1
     md = capsys.readouterr().out
@@ -52,7 +52,7 @@ def test_contract_with_errors_exits_2_with_its_diagnostics(tmp_path, capsys):
 
 def test_model_override_resolves_both_sides_on_one_catalog(capsys):
     assert main(["diff", A, KV, "--model", "tiny_moe", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["b"]["name"] == "tiny_moe"
+    assert json.loads(capsys.readouterr().out)["result"]["b"]["name"] == "tiny_moe"
 
 
 def test_bundle_directory(tmp_path, capsys):

@@ -31,7 +31,7 @@ def test_cli_run_writes_the_run_directory(tmp_path, capsys):
         plots = ["--no-plots"]
     assert pcc_main(["run", str(CONTRACTS / "tiny_cpu.prec"), "--steps", "2", "--prompts", "4", "--group", "4",
                      "--out", str(out), "--json", *plots]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(capsys.readouterr().out)["result"]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and summary["steps"] == 2
     m = json.loads(lines[0])

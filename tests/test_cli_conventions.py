@@ -1,0 +1,267 @@
+"""The conventions every `pcc` verb shares (docs/cli.md): one spelling per flag with hidden
+aliases, a bundle wherever a contract goes, one --json envelope on success and failure, one
+exit-code table, and an internal error as one line instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pcc.cli
+from pcc.cli import ENVELOPE_KEYS, main, parser
+
+ROOT = Path(__file__).resolve().parents[1]
+GOOD = """contract cli {
+  model tiny_moe
+  hardware cpu
+
+  rollout sglang {
+    experts.* : fp8_block
+  }
+
+  routing replay rollout
+}
+"""
+BAD = GOOD.replace("experts.*", "expert.*")  # PCC201: matches no operator family
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    (d / "good.prec").write_text(GOOD)
+    (d / "bad.prec").write_text(BAD)
+    assert main(["compile", str(d / "good.prec"), "-o", str(d / "bundle")]) == 0
+    (d / "empty").mkdir()
+    return d
+
+
+def _envelope(capsys, command: str, exit_code: int):
+    """stdout is exactly one JSON document, the envelope, and it agrees with the exit code."""
+    env = json.loads(capsys.readouterr().out)
+    assert tuple(env) == ENVELOPE_KEYS
+    assert env["command"] == command and env["exit_code"] == exit_code and env["ok"] is (exit_code == 0)
+    assert isinstance(env["diagnostics"], list)
+    for d in env["diagnostics"]:
+        assert {"code", "severity", "message"} <= set(d) and d["severity"] in ("error", "warning")
+    if exit_code != 0 and command not in ("diff", "fmt"):
+        assert any(d["severity"] == "error" for d in env["diagnostics"]), env
+    return env
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    out = {}
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                nested = _subparsers(sp)
+                out.update({f"{name} {k}": v for k, v in nested.items()} if nested else {name: sp})
+    return out
+
+
+# -- flags ---------------------------------------------------------------------------------------
+
+def test_every_verb_has_json():
+    verbs = _subparsers(parser())
+    assert set(verbs) == {"check", "fmt", "export", "plan", "explain", "schema", "compile", "diff", "convert",
+                          "verify-checkpoint", "run", "experiment trainer-variants", "validate"}
+    for name, sp in verbs.items():
+        assert "--json" in sp._option_string_actions, name
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "c.prec", "{}", "W"], ["plan", "c.prec", "{}", "W"], ["compile", "c.prec", "{}", "W"],
+    ["schema", "{}", "W"], ["run", "c.prec", "{}", "W"], ["validate", "c.prec", "{}", "W"],
+    ["convert", "c.prec", "--source", "S", "{}", "W"],
+])
+def test_out_is_one_flag_with_its_old_spellings(argv):
+    verb = argv[0]
+    old = {"export": ["--output"], "plan": ["--output"], "compile": ["--output"], "convert": ["--to"]}.get(verb, [])
+    for flag in ["-o", "--out", *old]:
+        args = parser().parse_args([flag if a == "{}" else a for a in argv])
+        assert args.out == "W", (verb, flag)
+    shown = _subparsers(parser())[verb].format_help()
+    assert "-o" in shown and "--out" in shown
+    for alias in old:
+        assert alias not in shown, f"{verb}: the alias {alias} is hidden"
+
+
+@pytest.mark.parametrize("verb", ["convert", "verify-checkpoint"])
+def test_source_and_from_are_one_flag(verb):
+    rest = ["c.prec", "--out", "D"] if verb == "convert" else ["c.prec", "D"]
+    for flag in ("--source", "--from"):
+        assert parser().parse_args([verb, *rest, flag, "SRC"]).source == "SRC"
+    shown = _subparsers(parser())[verb].format_help()
+    assert "--source" in shown and "--from" not in shown
+
+
+def test_export_writes_the_same_file_under_every_spelling(files, capsys):
+    texts = set()
+    for i, flag in enumerate(("-o", "--out", "--output")):
+        target = files / f"export{i}.json"
+        assert main(["export", str(files / "good.prec"), flag, str(target)]) == 0
+        texts.add(target.read_text())
+    assert len(texts) == 1 and capsys.readouterr().out == ""
+
+
+def test_a_required_out_is_a_usage_error(files, capsys):
+    assert main(["compile", str(files / "good.prec"), "--json"]) == 2
+    env = _envelope(capsys, "compile", 2)
+    assert "-o/--out" in env["diagnostics"][0]["message"]
+
+
+# -- bundles -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verb", ["check", "explain", "plan", "export", "fmt"])
+def test_a_bundle_is_accepted_wherever_a_contract_is(verb, files, capsys):
+    assert main([verb, str(files / "bundle"), "--json"]) == 0
+    env = _envelope(capsys, verb, 0)
+    assert env["result"]
+    if verb == "check":
+        assert env["result"][0]["contract"] == str(files / "bundle" / "contract.prec")
+
+
+def test_a_bundle_gives_the_same_plan_as_its_contract(files, capsys):
+    assert main(["plan", str(files / "good.prec")]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(files / "bundle")]) == 0
+    assert json.loads(capsys.readouterr().out)["components"] == a["components"]
+
+
+def test_compile_from_a_bundle(files, capsys):
+    assert main(["compile", str(files / "bundle"), "-o", str(files / "again"), "--json"]) == 0
+    assert _envelope(capsys, "compile", 0)["result"]["files"]
+
+
+@pytest.mark.parametrize("verb", ["check", "explain", "plan", "export", "fmt", "compile"])
+def test_a_folder_without_a_contract_is_unreadable_input(verb, files, capsys):
+    extra = ["-o", str(files / "never")] if verb == "compile" else []
+    assert main([verb, str(files / "empty"), *extra, "--json"]) == 2
+    env = _envelope(capsys, verb, 2)
+    assert "contract.prec" in env["diagnostics"][0]["message"]
+
+
+def test_fmt_never_writes_into_a_bundle(files, capsys):
+    assert main(["fmt", "--write", str(files / "bundle")]) == 2
+    assert "generated" in capsys.readouterr().err
+
+
+# -- the envelope, exit codes --------------------------------------------------------------------
+
+def test_check_result_is_always_a_list(files, capsys):
+    for argv in ([files / "good.prec"], [files / "good.prec", files / "bad.prec"]):
+        code = main(["check", "--json", *map(str, argv)])
+        env = _envelope(capsys, "check", code)
+        assert isinstance(env["result"], list) and len(env["result"]) == len(argv)
+    assert code == 1 and "PCC201" in [d["code"] for d in env["diagnostics"] if d["severity"] == "error"]
+
+
+@pytest.mark.parametrize("argv, command, code", [
+    (["check", "{good}"], "check", 0),
+    (["check", "{bad}"], "check", 1),
+    (["check", "{good}", "{missing}"], "check", 2),
+    (["fmt", "--check", "{good}"], "fmt", 0),
+    (["fmt", "{missing}"], "fmt", 2),
+    (["export", "{good}", "--format", "yaml"], "export", 0),
+    (["export", "{bad}"], "export", 0),  # loads: export does not resolve against the model
+    (["export", "{missing}"], "export", 2),
+    (["plan", "{good}"], "plan", 0),
+    (["plan", "{bad}"], "plan", 1),
+    (["explain", "{good}"], "explain", 0),
+    (["explain", "{bad}"], "explain", 1),
+    (["explain", "{missing}"], "explain", 2),
+    (["schema", "--check", "-o", "{empty}"], "schema", 1),
+    (["compile", "{bad}", "-o", "{dir}/x"], "compile", 1),
+    (["compile", "{good}", "-o", "{bundle}"], "compile", 1),  # exists, no --force
+    (["diff", "{good}", "{bundle}"], "diff", 0),
+    (["diff", "{good}", "{missing}"], "diff", 2),
+    (["diff", "{good}", "{bad}"], "diff", 2),  # cannot compare a contract with errors
+    (["convert", "{missing}", "--source", "{dir}", "-o", "{dir}/y"], "convert", 2),
+    (["convert", "{good}", "--from", "{dir}/nosrc", "--to", "{dir}/y"], "convert", 2),
+    (["convert", "{good}", "-o", "{dir}/y"], "convert", 2),  # no --source
+    (["verify-checkpoint", "{good}", "{dir}/nockpt"], "verify-checkpoint", 2),
+    (["run", "{missing}"], "run", 2),
+    (["run", "{bad}"], "run", 1),
+    (["run", "{good}", "--dry-run"], "run", 2),  # the embedded target launches nothing
+    (["run", "{bundle}", "--target", "miles", "--dry-run"], "run", 0),
+    (["experiment", "trainer-variants", "{missing}"], "experiment", 2),
+    (["validate", "{missing}"], "validate", 2),
+    (["validate", "{good}", "--levels", "x"], "validate", 2),
+    (["check"], "check", 2),  # argparse: a usage error
+    (["nosuchverb"], "nosuchverb", 2),
+])
+def test_json_envelope_and_exit_code(argv, command, code, files, capsys):
+    names = {"good": files / "good.prec", "bad": files / "bad.prec", "missing": files / "missing.prec",
+             "bundle": files / "bundle", "empty": files / "empty", "dir": files}
+    argv = [a.format(**names) for a in argv]
+    assert main([*argv, "--json"]) == code
+    env = _envelope(capsys, command, code)
+    if command == "run" and code == 0:
+        assert env["result"]["command"][:3] == ["ray", "job", "submit"]
+    if command == "export" and code == 0:
+        assert env["result"]["document"]["name"] == "cli"
+
+
+def test_human_output_and_json_agree_on_exit_codes(files, capsys):
+    for argv, code in ((["check", str(files / "good.prec")], 0), (["check", str(files / "bad.prec")], 1),
+                       (["check", str(files / "missing.prec")], 2), (["diff", str(files / "good.prec"),
+                                                                       str(files / "bundle")], 0)):
+        assert main(argv) == code
+    out = capsys.readouterr()
+    assert "no such contract file or bundle directory" in out.err and "error[PCC201]" in out.err
+
+
+def test_diff_format_json_is_the_envelope(files, capsys):
+    assert main(["diff", str(files / "good.prec"), str(files / "good.prec"), "--format", "json"]) == 0
+    assert _envelope(capsys, "diff", 0)["result"]["changed"] is False
+
+
+# -- internal errors -----------------------------------------------------------------------------
+
+def test_an_internal_error_is_one_line_with_its_own_exit_code(files, capsys, monkeypatch):
+    def boom(args, rep):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pcc.cli, "cmd_check", boom)
+    assert main(["check", str(files / "good.prec")]) == 3
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == "pcc: internal error: RuntimeError: boom (please report)\n"
+    assert main(["check", str(files / "good.prec"), "--json"]) == 3
+    env = _envelope(capsys, "check", 3)
+    assert env["diagnostics"][0]["message"] == "internal error: RuntimeError: boom (please report)"
+
+
+def test_no_traceback_from_the_command_line(files):
+    code = ("import sys, pcc.cli\n"
+            "def boom(args, rep): raise KeyError('x')\n"
+            "pcc.cli.cmd_explain = boom\n"
+            "sys.exit(pcc.cli.main(sys.argv[1:]))\n")
+    r = subprocess.run([sys.executable, "-c", code, "explain", str(files / "good.prec")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["pcc: internal error: KeyError: 'x' (please report)"]
+
+
+def test_interrupted_is_130(files, capsys, monkeypatch):
+    def interrupt(args, rep):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pcc.cli, "cmd_plan", interrupt)
+    assert main(["plan", str(files / "good.prec"), "--json"]) == 130
+    _envelope(capsys, "plan", 130)
+
+
+# -- the miles target ----------------------------------------------------------------------------
+
+def test_the_runtime_does_not_import_the_bundle_stage():
+    tree = ast.parse((ROOT / "pcc" / "runtime" / "cli.py").read_text())
+    names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [n for n in names if n.startswith("pcc.bundle")]
+    assert "miles" in parser().parse_args(["run", "x", "--target", "miles"]).target
