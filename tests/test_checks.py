@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pcc.plan import compile_file
+from pcc.lower import compile_file  # resolve, check and lower for every target: what `pcc check` runs
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "check_fixtures"

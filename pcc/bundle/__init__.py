@@ -19,7 +19,7 @@ from pathlib import Path
 from pcc import __version__
 from pcc.contract.model import Contract
 from pcc.contract.fmt import lines
-from pcc.lower import TARGET_MODULES, Lowered, lower
+from pcc.lower import Lowered, lower, targets_for
 from pcc.plan import Plan
 from pcc.plan.dump import lock_hash, plan_dict
 from pcc.plan.explain import explain, render
@@ -48,8 +48,8 @@ def contract_source(contract: Contract) -> str:
 
 
 def bundle_files(plan: Plan, targets: tuple[str, ...] | None = None) -> tuple[dict[str, str], list[Lowered]]:
-    """Every file of the bundle (path -> text), manifest included; all targets by default."""
-    targets = tuple(TARGET_MODULES) if targets is None else targets
+    """Every file of the bundle (path -> text), manifest included; the contract's targets by default."""
+    targets = targets_for(plan) if targets is None else targets
     lowered = [lower(plan, name) for name in targets]
     pd = plan_dict(plan)
     pd["lock"] = lock_hash(pd)

@@ -15,7 +15,6 @@ from collections import defaultdict
 from pcc.diff.align import Alignment, align
 from pcc.models import FAMILIES, Catalog
 from pcc.plan import COMPONENTS, DEFAULT, Plan
-from pcc.plan.checks import fp8_recipe, hardware_of
 
 NOT_RUN = ("not run",)  # the component does not execute this operator on that side
 EXAMPLES = 3
@@ -172,9 +171,9 @@ def _settings(plan: Plan) -> dict[str, dict]:
                                                     "optimizer")}},
         "sync": {"sync": c.sync.model_dump(mode="json")},
         "correction": {"correction": c.correction.model_dump(mode="json"), "routing_replay": c.routing_replay},
-        "placement": {"rollout": {"hardware": hardware_of(plan, "rollout"),
+        "placement": {"rollout": {"hardware": plan.hardware("rollout"),
                                   **{k: r[k] for k in ("engine", "parallel", "deterministic", "max_tokens", "record")}},
-                      "trainer": {"hardware": hardware_of(plan, "trainer"), "fp8_recipe": fp8_recipe(plan),
+                      "trainer": {"hardware": plan.hardware("trainer"), "fp8_recipe": plan.fp8_recipe,
                                   **{k: t[k] for k in ("engine", "impl", "parallel")}}},
     }
 

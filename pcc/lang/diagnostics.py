@@ -79,12 +79,29 @@ class Diagnostic:
         return d
 
 
-class DiagnosticError(Exception):
+class PccError(Exception):
+    """The root of pcc's own errors: each carries a stable code (docs/checks.md) and, where it
+    has one, the contract path it is about, so every caller can turn it into a Diagnostic."""
+
+    code = ""  # each subclass or raise names its own
+
+    def __init__(self, message: str, code: str | None = None, path: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.path, self.hint = message, path, hint
+        if code is not None:
+            self.code = code
+
+    def diagnostic(self, span: Span | None = None, file: str | None = None) -> Diagnostic:
+        return Diagnostic(self.code, "error", self.message, span, self.hint, None if span else self.path, file)
+
+
+class DiagnosticError(PccError):
     """Raised when a stage cannot go on; carries every diagnostic so far."""
 
     def __init__(self, diagnostics: Iterable[Diagnostic]):
         self.diagnostics = list(diagnostics)
-        super().__init__("\n".join(d.render() for d in self.diagnostics))
+        first = self.diagnostics[0] if self.diagnostics else None
+        super().__init__("\n".join(d.render() for d in self.diagnostics), first.code if first else None)
 
 
 @dataclass

@@ -1,7 +1,12 @@
 """Lowering: Plan -> artifacts for one target. One module per target, registered by name.
 
-A target is a pure function `Plan -> Lowered`. It never imports an engine at
-module import time (engine parsers are used only by `pcc.lower.verify`, lazily).
+A target is a name, the contract fields it honours, and a pure function `Plan ->
+Lowered`. What it cannot express it reports with `unsupported(code, message, path)`:
+a coded diagnostic on the contract path (the rule) that asked for it, never a bare
+exception. `lower_all` runs every target a contract names and turns those into
+diagnostics; `pcc check` runs it too, so a contract that checks always compiles.
+A target never imports an engine at module import time (engine parsers are used only
+by `pcc.lower.verify_*`, lazily).
 Paths to user data (checkpoints) never appear in `args`: run scripts supply them
 from the environment variables in `PATH_VARIABLES`, so a bundle is relocatable
 and byte-identical for the same input.
@@ -10,10 +15,11 @@ and byte-identical for the same input.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Callable, NoReturn
 
-from pcc.plan import Plan
+from pcc.lang.diagnostics import PccError, Reporter
+from pcc.plan import Compiled, Plan, compile_file as _resolve_file
 
 # Environment variables through which run scripts receive paths (with defaults in run.sh).
 PATH_VARIABLES = {
@@ -41,8 +47,25 @@ def module_leaf(tensor: str) -> str:
     return tensor.removesuffix(".weight").rsplit(".", 1)[-1]
 
 
+class Unsupported(PccError):
+    """What a target cannot express (PCC6xx, or the checker's code for the same fact)."""
+
+
+def unsupported(code: str, message: str, path: str | None = None, hint: str | None = None) -> NoReturn:
+    raise Unsupported(message, code, path, hint)
+
+
 TargetFn = Callable[[Plan], Lowered]
-# name -> module; a module registers its function with @target(name) when imported.
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    honours: tuple[str, ...]  # contract fields (dotted paths) this target turns into engine state
+    fn: TargetFn
+
+
+# name -> module; a module registers its target with @target(name, honours=...) when imported.
 TARGET_MODULES = {
     "megatron": "pcc.lower.megatron",
     "sglang": "pcc.lower.sglang",
@@ -50,19 +73,41 @@ TARGET_MODULES = {
     "expectations": "pcc.lower.expectations",
     "miles": "pcc.lower.miles",
 }
-_TARGETS: dict[str, TargetFn] = {}
+_TARGETS: dict[str, Target] = {}
 
 
-def target(name: str) -> Callable[[TargetFn], TargetFn]:
+def target(name: str, honours: tuple[str, ...] = ()) -> Callable[[TargetFn], TargetFn]:
     def register(fn: TargetFn) -> TargetFn:
-        _TARGETS[name] = fn
+        _TARGETS[name] = Target(name, honours, fn)
         return fn
 
     return register
 
 
+def get_target(name: str) -> Target:
+    if name not in _TARGETS:
+        if name not in TARGET_MODULES:
+            raise KeyError(f"unknown target '{name}' (targets: {', '.join(TARGET_MODULES)})")
+        importlib.import_module(TARGET_MODULES[name])
+    return _TARGETS[name]
+
+
+def targets_for(plan: Plan) -> tuple[str, ...]:
+    """The targets a contract names: its rollout engine, its trainer engine where pcc lowers it,
+    the converter and the expectations, and Miles when it runs Megatron + SGLang."""
+    c = plan.contract
+    names = [c.rollout.engine]
+    if c.trainer.engine == "megatron":
+        names.append("megatron")
+    names += ["converter", "expectations"]
+    if c.trainer.engine == "megatron" and c.rollout.engine == "sglang":
+        names.append("miles")
+    return tuple(n for n in TARGET_MODULES if n in names)
+
+
 def lower(plan: Plan, name: str) -> Lowered:
-    """Lower `plan` for target `name` (see TARGET_MODULES).
+    """Lower `plan` for target `name` (see TARGET_MODULES); raises Unsupported when the target
+    cannot express the plan (run `lower_all` first to get that as diagnostics).
 
     Lowering is a pure function of the Plan, so each target runs once per Plan (Miles
     composes the megatron and sglang results; a bundle needs all of them). Treat the
@@ -70,9 +115,41 @@ def lower(plan: Plan, name: str) -> Lowered:
     """
     cache = plan.__dict__.setdefault("_lowered", {})
     if name not in cache:
-        if name not in _TARGETS:
-            if name not in TARGET_MODULES:
-                raise KeyError(f"unknown target '{name}' (targets: {', '.join(TARGET_MODULES)})")
-            importlib.import_module(TARGET_MODULES[name])
-        cache[name] = _TARGETS[name](plan)
+        try:
+            cache[name] = get_target(name).fn(plan)
+        except Unsupported as exc:
+            cache[name] = exc
+    if isinstance(cache[name], Unsupported):
+        raise cache[name]
     return cache[name]
+
+
+def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -> dict[str, Lowered]:
+    """Lower every target `names` (default: the contract's); what a target cannot express goes to
+    `rep` as a diagnostic positioned on the contract path that asked for it."""
+    out, seen = {}, set()
+    if names is None and plan.contract.trainer.engine not in TARGET_MODULES:
+        rep.warning("PCC611", f"no target lowers 'trainer {plan.contract.trainer.engine}': the bundle carries no "
+                    "trainer arguments, and its trainer precision is checked but not emitted",
+                    plan.smap.find("trainer"), path="trainer",
+                    hint="use 'trainer megatron' for a runnable trainer launch")
+    for name in targets_for(plan) if names is None else names:
+        try:
+            out[name] = lower(plan, name)
+        except Unsupported as exc:
+            key = (exc.code, exc.message)
+            if key not in seen:  # Miles re-raises what megatron or sglang reported
+                seen.add(key)
+                rep.diagnostics.append(exc.diagnostic(plan.smap.find(exc.path) if exc.path else None))
+    return out
+
+
+def compile_file(path: str, catalog=None) -> Compiled:
+    """Load, resolve, check and lower one contract for every target it names: what `pcc check`
+    and every verb that writes or runs a contract use. Never raises for bad input."""
+    c = _resolve_file(path, catalog)
+    if c.ok:
+        rep = Reporter()
+        lower_all(c.plan, rep)
+        c = replace(c, diagnostics=c.diagnostics + [d if d.span else replace(d, file=path) for d in rep.diagnostics])
+    return c

@@ -13,14 +13,17 @@ Torch-free: `pcc compile` imports this.
 from __future__ import annotations
 
 from pcc.contract.model import Scheme
+from pcc.lower import Unsupported
 from pcc.plan import Plan
 
 # Families whose wide tensors are not linear modules any loader would quantize.
 _NOT_MODULES = ("norm", "kv_cache")
 
 
-class LayoutError(ValueError):
-    """The plan's rollout side has no single SGLang checkpoint layout."""
+class LayoutError(Unsupported):
+    """The plan's rollout side has no single SGLang checkpoint layout (PCC608)."""
+
+    code = "PCC608"
 
 
 def layout_of(spec: Scheme) -> str:
@@ -37,20 +40,24 @@ def layout_of(spec: Scheme) -> str:
     if f == "int4" and w is not None and w.kind == "group":
         return "int4"
     raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{f}' grouped '{w.text() if w else None}' "
-                      "(supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, int4 group)")
+                      "(supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, int4 group)",
+                      hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or int4 group N for rollout weights")
 
 
 def rollout_layout(plan: Plan) -> str:
     """The one quantized layout of the plan's rollout weights, or "wide"."""
     ops = plan.catalog.operators
-    found = set()
-    for rid, idx in plan.groups["rollout"]:
-        spec = plan.scheme("rollout", idx[0])
-        if not spec.wide and any(ops[i].family != "kv_cache" for i in idx):
-            found.add(layout_of(spec))
+    found: dict[str, str | None] = {}
+    for d, idx in plan.used("rollout"):
+        if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx):
+            try:
+                found.setdefault(layout_of(d.scheme), d.path)
+            except LayoutError as exc:
+                raise LayoutError(exc.message, path=d.path, hint=exc.hint) from None
     if len(found) > 1:
-        raise LayoutError(f"rollout mixes {', '.join(sorted(found))}: one SGLang checkpoint holds one format")
-    return found.pop() if found else "wide"
+        raise LayoutError(f"rollout mixes {', '.join(sorted(found))}: one SGLang checkpoint holds one format",
+                          path=list(found.values())[-1])
+    return next(iter(found)) if found else "wide"
 
 
 def wide_mask(plan: Plan) -> list[bool]:
@@ -73,20 +80,29 @@ def skip_list(plan: Plan) -> list[str]:
     for layer, kinds in sorted(expert_layers.items()):
         if kinds == {True, False}:
             raise LayoutError(f"layer {layer} keeps some routed experts wide and quantizes others: "
-                              "SGLang's fused MoE layer takes one format for all its experts")
+                              "SGLang's fused MoE layer takes one format for all its experts",
+                              path=_expert_rule(plan, layer), hint="give all routed experts of a layer one scheme")
         if kinds == {True} and layout == "mxfp4":
             raise LayoutError(f"layer {layer} keeps its routed experts wide, but SGLang's mxfp4 method "
-                              "quantizes every fused MoE layer")
+                              "quantizes every fused MoE layer", path=_expert_rule(plan, layer),
+                              hint="quantize the routed experts of every layer")
         if kinds == {True} and layout != "wide":
             names.append(_experts_prefix(plan, layer))
     return names
+
+
+def _expert_rule(plan: Plan, layer: int) -> str | None:
+    """The contract path of a rollout rule that decides routed experts in `layer`."""
+    paths = [plan.decision("rollout", i).path for i, op in enumerate(plan.catalog.operators)
+             if op.layer == layer and op.family.startswith("experts.")]
+    return next((p for p in reversed(paths) if p), None)
 
 
 def _experts_prefix(plan: Plan, layer: int) -> str:
     for op in plan.catalog.operators:
         if op.layer == layer and op.family.startswith("experts."):
             return op.tensor.split(".experts.")[0] + ".experts"
-    raise LayoutError(f"layer {layer} has no routed experts")
+    raise LayoutError(f"layer {layer} has no routed experts", path="rollout")
 
 
 def kv_cache_algo(plan: Plan) -> str | None:

@@ -12,7 +12,7 @@ import json
 import math
 from functools import lru_cache
 
-from pcc.lower import Lowered, target
+from pcc.lower import Lowered, target, unsupported
 from pcc.lower.checkpoint_config import (
     hf_quant_config, kv_cache_algo, layout_of, quantization_config, rollout_layout, skip_list,
 )
@@ -44,7 +44,8 @@ def tensor_targets(plan: Plan, i: int) -> dict:
     if layout == "mxfp4":
         return _mxfp4_targets(plan, i)
     if layout != "wide" and len(op.shape) != 2:
-        raise ValueError(f"{op.tensor}: rollout quantizes 2-D linear weights, got shape {list(op.shape)}")
+        unsupported("PCC206", f"{op.tensor}: rollout quantizes 2-D linear weights, got shape {list(op.shape)}",
+                    plan.decision("rollout", i).path, hint="keep this tensor wide")
     prefix = op.tensor[: -len(".weight")] if op.tensor.endswith(".weight") else op.tensor
     g = spec.weights
     key = (layout, g.rows, g.cols, g.size, spec.symmetric) if g is not None else (layout, None, None, None, True)
@@ -89,10 +90,12 @@ def _mxfp4_targets(plan: Plan, i: int) -> dict:
     cat = plan.catalog
     op = cat.operators[i]
     if not op.family.startswith("experts."):
-        raise ValueError(f"{op.tensor}: SGLang's mxfp4 checkpoint layout holds routed experts only")
+        unsupported("PCC307", f"{op.tensor}: SGLang's mxfp4 checkpoint layout holds routed experts only",
+                    plan.decision("rollout", i).path, hint="restrict the rule to 'experts.*'")
     n, k = op.shape
     if k % 32:
-        raise ValueError(f"{op.tensor}: mxfp4 needs the input width divisible by 32, got {k}")
+        unsupported("PCC205", f"{op.tensor}: mxfp4 needs the input width divisible by 32, got {k}",
+                    plan.decision("rollout", i).path, hint="keep this tensor wide")
     base = op.tensor.split(".experts.")[0] + ".experts."
     kind = op.tensor.rsplit(".", 2)[-2]  # gate_proj | up_proj | down_proj | w1 | w3 | w2
     fused = "gate_up_proj" if kind in ("gate_proj", "up_proj", "w1", "w3") else "down_proj"
@@ -217,7 +220,7 @@ def _sync(plan: Plan, moved: int, buckets: int) -> dict:
                   "adapter": adapter}
 
 
-@target("converter")
+@target("converter", honours=("rollout.rules", "sync"))
 def lower_converter(plan: Plan) -> Lowered:
     doc = converter_plan(plan)
     text = json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"

@@ -17,7 +17,7 @@ import yaml
 
 from pcc.lower import Lowered, target
 from pcc.plan import Plan
-from pcc.plan.checks import MISMATCH_FLOOR, used
+from pcc.plan.checks import MISMATCH_FLOOR
 
 TIGHT_P99 = 0.05  # matched FProp: the Unified-FP8 regime
 DRIFT_P99 = 0.02  # allowed movement of the step-0 baseline after a sync
@@ -49,7 +49,7 @@ def _regime(plan: Plan) -> str:
     """'wide' (nothing quantized), 'matched' (FProp matches rollout), 'baseline' (the two
     bases differ on purpose: LoRA over a frozen base), or 'mismatched'."""
     ops = plan.catalog.operators
-    roll_q = {i for _, s, idx in used(plan, "rollout") if not s.wide for i in idx if ops[i].family != "kv_cache"}
+    roll_q = {i for d, idx in plan.used("rollout") if not d.scheme.wide for i in idx if ops[i].family != "kv_cache"}
     if not roll_q:
         return "wide"
     static = any(plan.scheme("rollout", i).format == "nvfp4" and plan.scheme("rollout", i).activations
@@ -69,7 +69,7 @@ def _stated(plan: Plan, metric: str, stat: str | None = None) -> dict | None:
 def ladder(plan: Plan) -> dict:
     c = plan.contract
     regime = _regime(plan)
-    formats = sorted({s.format for _, s, _ in used(plan, "rollout") if not s.wide})
+    formats = sorted({d.scheme.format for d, _ in plan.used("rollout") if not d.scheme.wide})
     floor = max([MISMATCH_FLOOR.get(f, 0.1) for f in formats] or [TIGHT_P99])
     same = _stated(plan, "same_version", "abs_dlogp p99") or {
         "metric": "same_version abs_dlogp p99", "op": "<=",
@@ -101,7 +101,7 @@ def ladder(plan: Plan) -> dict:
     return {"contract": c.name, "regime": regime, "rollout_formats": formats, "levels": levels}
 
 
-@target("expectations")
+@target("expectations", honours=("expect", "correction"))
 def lower_expectations(plan: Plan) -> Lowered:
     doc = ladder(plan)
     text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)

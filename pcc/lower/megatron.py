@@ -3,7 +3,7 @@
 Pure function of the Plan. Tables live in targets/megatron.yaml; the engine's own
 parser checks the result in pcc/lower/verify_megatron.py. Contradictions the
 checker reports (PCC303-PCC309) never reach here; what Megatron cannot express at
-all raises LoweringError naming the operator or rule.
+all is `unsupported(code, ...)` on the rule that asked for it (PCC6xx).
 """
 
 from __future__ import annotations
@@ -14,18 +14,13 @@ from collections import defaultdict
 
 import yaml
 
-from pcc.contract.model import Scheme
-from pcc.lower import Lowered, target
+from pcc.lower import Lowered, target, unsupported
 from pcc.plan import Plan
-from pcc.plan.checks import fp8_recipe
+from pcc.plan.capabilities import hardware_table
 from pcc.resources import data_dir
 
 TE_FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 PRECISION_FILE = "trainer/te_precision.yaml"
-
-
-class LoweringError(ValueError):
-    """The plan asks for something the Megatron target cannot express."""
 
 
 @functools.cache
@@ -34,21 +29,10 @@ def tables() -> dict:
         return yaml.safe_load(fh)
 
 
-def _spec(plan: Plan, comp: str, i: int) -> tuple[Scheme, str]:
+def _spec(plan: Plan, comp: str, i: int):
     """(scheme, gemm kind) of operator i in component comp."""
-    rid = plan.owner[comp][i]
-    spec = plan.scheme(comp, i)
-    return spec, ("wide" if spec.wide or rid < 0 else plan.rules[rid].gemm(spec))
-
-
-def _te_recipe(spec: Scheme) -> str:
-    if spec.format == "nvfp4":
-        return "nvfp4"
-    if spec.format == "mxfp8":
-        return "mxfp8"
-    if spec.amax == "delayed":
-        return "delayed"
-    return "blockwise" if spec.weights and spec.weights.kind == "block" else "tensorwise"
+    d = plan.decision(comp, i)
+    return d.scheme, d.gemm
 
 
 def _operator_modes(plan: Plan, notes: list[str]) -> dict[int, tuple[str, str | None]]:
@@ -62,20 +46,27 @@ def _operator_modes(plan: Plan, notes: list[str]) -> dict[int, tuple[str, str | 
         if fk == "wide" or f.format not in TE_FORMATS:
             if dk != "wide" or wk != "wide":
                 if d.format in TE_FORMATS or w.format in TE_FORMATS:
-                    raise LoweringError(f"{op.tensor}: quantized DGrad/WGrad with a wide FProp has no TE recipe")
+                    comp = "dgrad" if dk != "wide" else "wgrad"
+                    unsupported("PCC603", f"{op.tensor}: quantized {comp} with a wide FProp has no Transformer "
+                                "Engine recipe (TE quantizes a module's backward only with its forward)",
+                                plan.decision(comp, i).path,
+                                hint="quantize FProp with the same scheme, or keep DGrad and WGrad bf16")
             continue
         if op.family in tables()["always_wide"]:
-            raise LoweringError(f"{op.tensor}: Megatron keeps {op.family} wide; a {f.format} trainer GEMM "
-                                "there cannot be honoured")
+            unsupported("PCC310", f"{op.tensor}: Megatron keeps {op.family} wide; a {f.format} trainer GEMM "
+                        "there cannot be honoured", plan.decision("fprop", i).path)
         qdq_seen |= "qdq" in (fk, dk, wk)
-        recipe = _te_recipe(f)
+        recipe = plan.decision("fprop", i).recipe
         if dk == wk == "wide":
             modes[i] = (recipe, tables()["wide_backward_override"])
-        elif dk != "wide" and wk != "wide" and {_te_recipe(d), _te_recipe(w)} == {recipe}:
+        elif dk != "wide" and wk != "wide" and {plan.decision("dgrad", i).recipe,
+                                                   plan.decision("wgrad", i).recipe} == {recipe}:
             modes[i] = (recipe, None)
         else:
-            raise LoweringError(f"{op.tensor}: FProp {f.format}, DGrad {d.format}, WGrad {w.format} mix recipes; "
-                                "Transformer Engine runs one recipe per module (or a wide backward)")
+            unsupported("PCC604", f"{op.tensor}: FProp {f.format}, DGrad {d.format}, WGrad {w.format} mix "
+                        "recipes; Transformer Engine runs one recipe per module (or a wide backward)",
+                        plan.decision("dgrad" if dk != "wide" else "wgrad", i).path,
+                        hint="give FProp, DGrad and WGrad one scheme ('gemm linear : S'), or a bf16 backward")
     if qdq_seen:
         notes.append("Megatron has no FP8/FP4 fake-quantization path: 'qdq' trainer GEMMs run as TE's real "
                      "GEMMs of the same recipe, which see the same quantized operand values (only the "
@@ -96,8 +87,10 @@ def _module_modes(plan: Plan, modes: dict) -> dict[str, tuple[str, str | None] |
         for path in _module_paths(plan, i):
             mode = modes.get(i)
             if path in out and out[path] != mode:
-                raise LoweringError(f"{op.tensor} and {owner[path]} share Megatron module {path} but differ in "
-                                    "trainer precision (fused or grouped GEMMs run one recipe)")
+                unsupported("PCC605", f"{op.tensor} and {owner[path]} share Megatron module {path} but differ in "
+                            "trainer precision (fused or grouped GEMMs run one recipe)",
+                            plan.decision("fprop", i).path or plan.decision("fprop", plan.index[owner[path]]).path,
+                            hint="give the operators of one module (q/k/v, gate/up, a layer's experts) one scheme")
             out[path], owner[path] = mode, op.tensor
     return out
 
@@ -122,8 +115,9 @@ def _precision_file(by_module: dict, plan: Plan) -> str:
     """Named TE configs + ordered glob matchers (first match wins), one matcher per quantized
     module, then a catch-all BF16 entry; megatron.core.quantization.quant_config reads it."""
     if plan.contract.trainer.parallel.pp > 1:
-        raise LoweringError("a per-module precision file names layers by their number inside a pipeline "
-                            "stage; lower with 'parallel pp 1' or keep one precision for all layers")
+        unsupported("PCC606", "a per-module precision file names layers by their number inside a pipeline "
+                    "stage, so a layer-selective trainer precision cannot be expressed with pp > 1",
+                    "trainer.parallel.pp", hint="use 'parallel pp 1', or one precision for all layers")
     configs, matchers = {}, {}
     for path, mode in sorted(by_module.items(), key=lambda kv: _layer_key(kv[0])):
         if mode is None:
@@ -147,10 +141,7 @@ def _layer_key(path: str) -> tuple[int, str]:
 
 def _arch(plan: Plan) -> int:
     """CUDA compute-capability major of the trainer hardware (0 when not a known GPU)."""
-    from pcc.plan.capabilities import hardware_table
-    from pcc.plan.checks import hardware_of
-
-    arch = hardware_table().get(hardware_of(plan, "trainer") or "", {}).get("arch")
+    arch = hardware_table().get(plan.hardware("trainer") or "", {}).get("arch")
     return tables()["compute_capability"].get(arch, 0)
 
 
@@ -166,19 +157,40 @@ def _int4_group(plan: Plan, notes: list[str]) -> int | None:
         roll = {plan.scheme("fprop", i).weights.size for i in ops}
         source = "the trainer FProp scheme (rollout does not run INT4 here)"
     if len(roll) != 1 or None in roll:
-        raise LoweringError(f"INT4 fake QAT takes one group size; the plan has {sorted(map(str, roll))}")
+        unsupported("PCC607", f"INT4 fake QAT (OPEN_TRAINING_INT4_GROUP_SIZE) takes one group size; the plan has "
+                    f"{', '.join(sorted(map(str, roll)))}", plan.decision("fprop", ops[0]).path,
+                    hint="use one INT4 group size for every fake-quantized operator")
     size = roll.pop()
     notes.append(f"OPEN_TRAINING_INT4_GROUP_SIZE={size} comes from {source}, so trainer QAT and the "
                  "rollout checkpoint cannot drift (the 32-vs-128 launcher bug).")
     return size
 
 
-@target("megatron")
+def _accumulate_output(plan: Plan) -> None:
+    """PCC601/PCC602: Transformer Engine accumulates every GEMM in FP32 and writes the activation
+    dtype (WGrad: the main-gradient dtype too); a rule asking for anything else is refused."""
+    t = plan.contract.trainer
+    act = "fp16" if t.params == "fp16" else "bf16"
+    for comp in ("fprop", "dgrad", "wgrad"):
+        for d, _ in plan.used(comp):
+            if d.accumulate not in (None, "fp32"):
+                unsupported("PCC601", f"Transformer Engine accumulates {comp} GEMMs in FP32, not {d.accumulate}",
+                            d.path, hint="drop 'accumulate', or write 'accumulate fp32'")
+            allowed = {act, t.grads} if comp == "wgrad" else {act}
+            if d.output not in (None, *allowed):
+                unsupported("PCC602", f"Megatron's {comp} GEMMs write {' or '.join(sorted(allowed))}, not "
+                            f"{d.output}", d.path, hint=f"drop 'output', or write 'output {act}'")
+
+
+@target("megatron", honours=("trainer.rules", "trainer.params", "trainer.master", "trainer.moments",
+                             "trainer.grads", "trainer.param_gather", "trainer.impl", "trainer.optimizer",
+                             "trainer.parallel", "trainer.hardware"))
 def lower_megatron(plan: Plan) -> Lowered:
     t, cat = plan.contract.trainer, plan.catalog
     tab = tables()
     if t.engine != "megatron":
-        raise LoweringError(f"trainer engine is '{t.engine}', not megatron")
+        unsupported("PCC611", f"trainer engine is '{t.engine}', not megatron", "trainer")
+    _accumulate_output(plan)
     out = Lowered("megatron")
     args, env, notes = out.args, out.env, out.notes
     if t.params in ("bf16", "fp8"):
@@ -190,17 +202,22 @@ def lower_megatron(plan: Plan) -> Lowered:
     modes = _operator_modes(plan, notes)
     recipes = {m[0] for m in modes.values()}
     if len(recipes) > 1:
-        raise LoweringError(f"one trainer recipe at a time; the plan asks for {', '.join(sorted(recipes))}")
+        i = next(i for i, m in modes.items() if m[0] != modes[min(modes)][0])
+        unsupported("PCC604", f"Megatron runs one trainer recipe at a time; the plan asks for "
+                    f"{', '.join(sorted(recipes))}", plan.decision("fprop", i).path,
+                    hint="use one trainer scheme family (FP8 block, FP8 tensor, MXFP8 or NVFP4)")
     if recipes and t.impl != "transformer_engine":
-        raise LoweringError("quantized trainer GEMMs need 'impl transformer_engine'")
+        unsupported("PCC303", "quantized trainer GEMMs need Transformer Engine ('impl transformer_engine')",
+                    "trainer.impl")
     by_module = _module_modes(plan, modes)
     if recipes:
         recipe = recipes.pop()
         if recipe == "nvfp4":
             args += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
         else:
-            if fp8_recipe(plan) not in (None, recipe):  # None: only QDQ GEMMs, which the checker skips
-                raise LoweringError(f"trainer recipes disagree: {recipe} vs {fp8_recipe(plan)}")
+            if plan.fp8_recipe not in (None, recipe):  # None: only QDQ GEMMs
+                unsupported("PCC604", f"trainer recipes disagree: {recipe} (QDQ) vs {plan.fp8_recipe} (real)",
+                            "trainer", hint="use one trainer scheme family")
             grads = {_spec(plan, c, i)[0].format for i in modes for c in ("dgrad", "wgrad")}
             hybrid = "fp8_e5m2" in grads
             args += ["--fp8-format", "hybrid" if hybrid else "e4m3", "--fp8-recipe", recipe]
@@ -210,8 +227,9 @@ def lower_megatron(plan: Plan) -> Lowered:
         backward = {m[1] for m in mode_set}
         uniform = set(by_module.values()) == mode_set
         if len(backward) > 1:
-            raise LoweringError("NVTE_BACKWARD_OVERRIDE is global: some quantized modules have a wide "
-                                "backward and others a quantized one")
+            unsupported("PCC604", "NVTE_BACKWARD_OVERRIDE is global: some quantized modules have a wide "
+                        "backward and others a quantized one", "trainer",
+                        hint="quantize DGrad/WGrad for every quantized module, or for none")
         if b := backward.pop():
             env["NVTE_BACKWARD_OVERRIDE"] = b
             notes.append(f"NVTE_BACKWARD_OVERRIDE={b}: DGrad and WGrad are wide in the plan and use the "
@@ -243,10 +261,8 @@ def lower_megatron(plan: Plan) -> Lowered:
     if t.param_gather == "fp8":
         args.append("--fp8-param-gather")
     elif t.param_gather != "bf16":
-        raise LoweringError(f"Megatron all-gathers parameters in bf16 or fp8, not {t.param_gather}")
-    if t.params == "fp8" and t.param_gather != "fp8":
-        raise LoweringError("fp8 parameters in Megatron are the FP8 parameter all-gather: "
-                            "write 'param_gather fp8'")
+        unsupported("PCC304", f"Megatron all-gathers parameters in bf16 or fp8, not {t.param_gather}",
+                    "trainer.param_gather")
 
     opt = t.optimizer
     args += ["--optimizer", opt.kind]
@@ -261,7 +277,9 @@ def lower_megatron(plan: Plan) -> Lowered:
                                ("--exp-avg-sq-dtype", "moments_dtype", t.moments),
                                ("--main-grads-dtype", "main_grads_dtype", t.grads)):
         if value not in tab[table]:
-            raise LoweringError(f"Megatron has no {flag} {value} (choices: {', '.join(tab[table])})")
+            field = {"main_params_dtype": "master", "moments_dtype": "moments", "main_grads_dtype": "grads"}[table]
+            unsupported("PCC308", f"Megatron has no {flag} {value} (choices: {', '.join(tab[table])})",
+                        f"trainer.{field}")
         args += [flag, tab[table][value]]
 
     if cat.is_moe:

@@ -107,7 +107,7 @@ def _flag_lines(args: list[str], bundle_files: set[str]) -> list[str]:
     return out
 
 
-@target("miles")
+@target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel", "trainer.parallel"))
 def lower_miles(plan: Plan) -> Lowered:
     mega = lower(plan, "megatron")
     roll = lower(plan, "sglang")

@@ -3,7 +3,7 @@
 The flag tables live in targets/sglang.yaml; `pcc.lower.verify_sglang` runs the result
 through SGLang's own ServerArgs parser. What the parser does not check and a plan can get
 wrong (LoRA target scopes SGLang cannot express, MoE LoRA on an expert base SGLang's MoE
-LoRA runner rejects, routed experts on a dense model) raises LoweringError here.
+LoRA runner rejects, routed experts on a dense model) is `unsupported(code, ...)` here.
 """
 
 from __future__ import annotations
@@ -14,19 +14,14 @@ import shlex
 
 import yaml
 
-from pcc.lower import Lowered, module_leaf, target
+from pcc.lower import Lowered, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.plan import Plan
-from pcc.plan.checks import hardware_of
 from pcc.resources import data_dir
 
 LAUNCH = "rollout/launch_server.sh"
 ARGS_FILE = "rollout/server_args.txt"
 QUANT_FILE = "rollout/quantization_config.json"
-
-
-class LoweringError(ValueError):
-    """The plan asks for something SGLang cannot run as stated."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,13 +30,16 @@ def tables() -> dict:
 
 
 def _kv_cache_dtype(plan: Plan) -> str:
-    fmts = set(plan.kv_cache_formats())
+    kv = plan.kv_cache_formats()
+    fmts = set(kv)
     if len(fmts) > 1:
-        raise LoweringError(f"SGLang stores the whole KV cache in one dtype; the plan asks for {sorted(fmts)}")
+        unsupported("PCC311", f"SGLang stores the whole KV cache in one dtype; the plan asks for "
+                    f"{', '.join(sorted(fmts))}", next(r.path for r in kv.values() if r is not None))
     fmt = fmts.pop() if fmts else "bf16"
     table = tables()["kv_cache_dtype"]
     if fmt not in table:
-        raise LoweringError(f"SGLang has no {fmt} KV cache (known: {', '.join(table)})")
+        unsupported("PCC609", f"SGLang has no {fmt} KV cache (--kv-cache-dtype: {', '.join(sorted(table))})",
+                    kv[fmt].path if kv.get(fmt) else "rollout", hint="use fp8_e4m3 or fp8_e5m2 for the kv_cache")
     return table[fmt]
 
 
@@ -62,21 +60,21 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
     for i in plan.trainable:
         op, leaf = ops[i], module_leaf(ops[i].tensor)
         if leaf not in tab["lora_modules"].get(op.family, ()):
-            raise LoweringError(f"{op.tensor}: SGLang has no LoRA target for {op.family} module '{leaf}' "
-                                f"(targets per family: targets/sglang.yaml lora_modules)")
+            unsupported("PCC610", f"{op.tensor}: SGLang has no LoRA target for {op.family} module '{leaf}' "
+                        "(targets per family: targets/sglang.yaml lora_modules)", "trainable.targets")
         names.add(leaf)
         families.add(op.family)
     fused = {tab["lora_fused"].get(n, n) for n in names}
     moe_wrapped = plan.catalog.is_moe and {"gate_up_proj", "down_proj"} <= fused
     if families & {"experts.gate_up", "experts.down"} and not moe_wrapped:
-        raise LoweringError("SGLang puts LoRA on routed experts only when the targets hold both gate/up and "
-                            "down projections: target experts.gate_up and experts.down together")
+        unsupported("PCC414", "SGLang puts LoRA on routed experts only when the targets hold both gate/up and "
+                    "down projections: target experts.gate_up and experts.down together", "trainable.targets")
     if moe_wrapped:
         base = _expert_layout(plan)
         if base not in tab["moe_lora_bases"]:
-            raise LoweringError(f"the LoRA targets put LoRA on SGLang's fused MoE layers, whose routed experts "
-                                f"are {base}; SGLang's MoE LoRA runs on {', '.join(tab['moe_lora_bases'])} "
-                                "expert bases only (lora/moe/runner.py)")
+            unsupported("PCC414", f"the LoRA targets put LoRA on SGLang's fused MoE layers, whose routed experts "
+                        f"are {base}; SGLang's MoE LoRA runs on {', '.join(tab['moe_lora_bases'])} "
+                        "expert bases only (lora/moe/runner.py)", "trainable.targets")
     # SGLang selects modules by (fused) leaf name in every layer: name what it covers beyond the plan.
     trained = set(plan.trainable)
     extra = [i for i, op in enumerate(ops) if i not in trained and op.family in tab["lora_modules"]
@@ -96,11 +94,19 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
     return ["--enable-lora", "--max-lora-rank", str(t.rank), "--lora-target-modules", *sorted(names)]
 
 
-@target("sglang")
+@target("sglang", honours=("rollout.rules", "rollout.parallel", "rollout.hardware", "rollout.deterministic",
+                            "rollout.record", "trainable", "routing_replay"))
 def lower_sglang(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
     if c.rollout.engine != "sglang":
-        raise LoweringError(f"rollout engine is '{c.rollout.engine}', not sglang")
+        unsupported("PCC611", f"rollout engine is '{c.rollout.engine}', not sglang", "rollout")
+    for d, _ in plan.used("rollout"):
+        if d.accumulate not in (None, "fp32"):
+            unsupported("PCC601", f"SGLang's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
+                        hint="drop 'accumulate', or write 'accumulate fp32'")
+        if d.output not in (None, "bf16"):
+            unsupported("PCC602", f"SGLang's linear layers write the model dtype (--dtype bfloat16), not "
+                        f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
     notes: list[str] = []
     layout = rollout_layout(plan)
     args = ["--dtype", "bfloat16"]
@@ -120,7 +126,7 @@ def lower_sglang(plan: Plan) -> Lowered:
     args += ["--tp-size", str(par.tp), "--ep-size", str(par.ep), "--dp-size", str(par.dp)]
     if par.pp > 1:
         args += ["--pp-size", str(par.pp)]
-    if hardware_of(plan, "rollout") == "cpu":
+    if plan.hardware("rollout") == "cpu":
         args += ["--device", "cpu"]
         notes.append("--device cpu: the contract's rollout hardware is cpu")
     if c.rollout.deterministic:
@@ -129,7 +135,8 @@ def lower_sglang(plan: Plan) -> Lowered:
                      "(batch-invariant kernels; slower)")
     if c.routing_replay == "r3" or "experts" in c.rollout.record:
         if not plan.catalog.is_moe:
-            raise LoweringError(f"'{plan.catalog.name}' is a dense model: there are no routed experts to return")
+            unsupported("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
+                        "routing_replay")
         args.append("--enable-return-routed-experts")
         notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
                      "was routed to in rollout")

@@ -6,15 +6,12 @@ bad example per code and tests/check_fixtures/ one failing contract per code.
 
 from __future__ import annotations
 
-import math
+from typing import Callable
 
-from typing import Callable, Iterator
-
-from pcc.contract.model import Scheme
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.plan.capabilities import gemm_support, hardware_table, supported_on
-from pcc.plan.resolve import DEFAULT, Plan, RuleRef
+from pcc.plan.resolve import DEFAULT, Plan
 
 CHECKS: list[Callable[[Plan, SourceMap, Reporter], None]] = []
 LONG_ROLLOUT = 8192  # the seed: FP8 rollout + BF16 trainer drifts at 8K tokens, collapses at 16K
@@ -40,34 +37,21 @@ def check(fn):
     return fn
 
 
-def used(plan: Plan, component: str) -> Iterator[tuple[RuleRef, Scheme, list[int]]]:
-    """(rule, scheme, operators) for every rule that owns operators in `component`."""
-    for rid, idx in plan.groups[component]:
-        if rid != DEFAULT:
-            ref = plan.rules[rid]
-            yield ref, plan.schemes[ref.rule.scheme], idx
-
-
 def _names(plan: Plan, idx: list[int], n: int = 3) -> str:
     ops = plan.catalog.operators
     shown = ", ".join(ops[i].tensor for i in idx[:n])
     return shown + (f" (+{len(idx) - n} more)" if len(idx) > n else "")
 
 
-def hardware_of(plan: Plan, section: str) -> str | None:
-    return getattr(plan.contract, section).hardware or plan.contract.hardware
-
-
 def trainer_fp_formats(plan: Plan) -> set[str]:
-    return {s.format for comp in ("fprop", "dgrad", "wgrad") for r, s, _ in used(plan, comp)
-            if r.gemm(s) == "real"}
+    return {d.scheme.format for comp in ("fprop", "dgrad", "wgrad") for d, _ in plan.used(comp) if d.gemm == "real"}
 
 
 @check
 def hardware_known(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     table = hardware_table()
     for section in ("rollout", "trainer"):
-        hw = hardware_of(plan, section)
+        hw = plan.hardware(section)
         path = f"{section}.hardware" if getattr(plan.contract, section).hardware else "hardware"
         if hw is None:
             if section == "rollout":
@@ -84,9 +68,10 @@ def gemm_capability(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     """PCC301: a real low-precision GEMM the declared hardware has no path for."""
     table = hardware_table()
     for comp in ("rollout", "fprop", "dgrad", "wgrad"):
-        for ref, spec, idx in used(plan, comp):
-            hw = hardware_of(plan, ref.section)
-            if hw not in table or ref.gemm(spec) != "real":
+        for d, idx in plan.used(comp):
+            ref, spec = d.rule, d.scheme
+            hw = plan.hardware(ref.section)
+            if hw not in table or d.gemm != "real":
                 continue
             if spec.format in ("fp8_e4m3", "fp8_e5m2") and spec.weights and spec.weights.kind == "block" \
                     and table[hw].get("no_block_fp8"):
@@ -114,7 +99,8 @@ def tiling(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     blocks and tiles are padded by the engines (warning, with the tensors)."""
     ops = plan.catalog.operators
     for comp in ("rollout", "fprop"):
-        for ref, spec, idx in used(plan, comp):
+        for d, idx in plan.used(comp):
+            ref, spec = d.rule, d.scheme
             by_shape: dict[tuple, list[int]] = {}
             for i in idx:
                 if len(ops[i].shape) == 2 and ops[i].family not in ("kv_cache", "embed", "norm"):
@@ -137,7 +123,8 @@ def tiling(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 def sglang_mxfp4_scope(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     """PCC307: SGLang's MXFP4 path quantizes routed experts only."""
     ops = plan.catalog.operators
-    for ref, spec, idx in used(plan, "rollout"):
+    for d, idx in plan.used("rollout"):
+        ref, spec = d.rule, d.scheme
         if spec.format == "mxfp4":
             bad = [i for i in idx if not ops[i].family.startswith("experts.")]
             if bad:
@@ -150,8 +137,8 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     t = plan.contract.trainer
     real = trainer_fp_formats(plan)
     if t.engine == "megatron" and t.impl == "local":
-        real |= {s.format for comp in ("fprop", "dgrad", "wgrad") for _, s, _ in used(plan, comp)
-                 if s.format not in ("int4", "int8") and not s.wide}  # QDQ of these formats is TE's too
+        real |= {d.scheme.format for comp in ("fprop", "dgrad", "wgrad") for d, _ in plan.used(comp)
+                 if d.scheme.format not in ("int4", "int8") and not d.scheme.wide}  # QDQ of these formats is TE's too
     if real and (t.engine == "fsdp" or t.impl == "local"):
         where = "the FSDP trainer" if t.engine == "fsdp" else "'impl local'"
         rep.error("PCC303", f"real {', '.join(sorted(real))} trainer GEMMs need Transformer Engine; {where} has none",
@@ -162,12 +149,13 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         rep.error("PCC304", f"'param_gather {t.param_gather}' needs the distributed optimizer",
                   smap.find("trainer.param_gather"), path="trainer.param_gather",
                   hint="write 'optimizer adam distributed'")
-    for ref, spec, _ in used(plan, "fprop"):
-        if t.engine == "megatron" and spec.format == "fp8_e5m2" and ref.gemm(spec) == "real":
+    for d, _ in plan.used("fprop"):
+        ref = d.rule
+        if t.engine == "megatron" and d.scheme.format == "fp8_e5m2" and d.gemm == "real":
             rep.error("PCC313", "Transformer Engine runs FProp in E4M3 ('hybrid' means E4M3 forward, E5M2 "
                       "backward); there is no E5M2 forward", smap.find(ref.path), path=ref.path,
                       hint="use fp8_e4m3 for FProp, and fp8_e5m2 for DGrad/WGrad if you want hybrid")
-    recipe = fp8_recipe(plan)
+    recipe = plan.fp8_recipe
     if t.param_gather == "fp8" and opt.offload and recipe != "delayed":
         rep.error("PCC305", f"FP8 parameter all-gather with CPU optimizer offload needs delayed scaling, "
                   f"not '{recipe}'", smap.find("trainer.optimizer"), path="trainer.optimizer")
@@ -202,27 +190,13 @@ def megatron_wide_operators(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         return
     ops = plan.catalog.operators
     for comp in ("fprop", "dgrad", "wgrad"):
-        for ref, spec, idx in used(plan, comp):
+        for d, idx in plan.used(comp):
+            ref, spec = d.rule, d.scheme
             bad = [i for i in idx if ops[i].family in ("embed", "lm_head", "router")]
             if bad and not spec.wide:
                 rep.error("PCC310", f"Megatron runs embed, lm_head and router wide; {comp} cannot quantize "
                           f"{_names(plan, bad)}", smap.find(ref.path), path=ref.path,
                           hint="narrow the pattern (e.g. 'linear' instead of 'all'), or keep them bf16")
-
-
-def fp8_recipe(plan: Plan) -> str | None:
-    """The Transformer Engine recipe the trainer's real FP8 GEMMs imply."""
-    for comp in ("fprop", "dgrad", "wgrad"):
-        for ref, spec, _ in used(plan, comp):
-            if ref.gemm(spec) != "real":
-                continue
-            if spec.format == "mxfp8":
-                return "mxfp8"
-            if spec.format.startswith("fp8"):
-                if spec.amax == "delayed":
-                    return "delayed"
-                return "blockwise" if spec.weights and spec.weights.kind == "block" else "tensorwise"
-    return None
 
 
 def _first_last_wide(plan: Plan) -> bool:
@@ -299,7 +273,8 @@ def rollout_layout(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     weight shares one format, grouping, scale dtype, symmetry and scale rule."""
     ops = plan.catalog.operators
     first = None
-    for ref, spec, idx in used(plan, "rollout"):
+    for d, idx in plan.used("rollout"):
+        ref, spec = d.rule, d.scheme
         if spec.wide or all(ops[i].family == "kv_cache" for i in idx):
             continue
         key = (spec.format, spec.weights, spec.scale, spec.symmetric, spec.scale_rule)
@@ -352,12 +327,12 @@ def corrections(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 def _rollout_formats(plan: Plan) -> set[str]:
     """Formats of rollout weights (the KV cache is request state, not a weight)."""
     ops = plan.catalog.operators
-    return {s.format for _, s, idx in used(plan, "rollout")
-            if not s.wide and any(ops[i].family != "kv_cache" for i in idx)}
+    return {d.scheme.format for d, idx in plan.used("rollout")
+            if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx)}
 
 
 def _fprop_matches_rollout(plan: Plan) -> bool:
-    return any(not s.wide for _, s, _ in used(plan, "fprop"))
+    return any(not d.scheme.wide for d, _ in plan.used("fprop"))
 
 
 @check
@@ -374,7 +349,7 @@ def mismatch_regime(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                   "rollout both sides would load the quantized weights", smap.find("trainer"), path="trainer",
                   hint="use 'trainer megatron' (it loads the BF16 weights separately)")
     if c.sync.moves == "full_weights" and _rollout_formats(plan) and c.sync.interval == 1:
-        params = sum(math.prod(op.shape) for op in plan.catalog.operators if op.family != "kv_cache")
+        params = plan.params
         if params < SMALL_MODEL_PARAMS:
             rep.warning("PCC409", f"full-weight requantization after every update on a {params / 1e9:.1f}B model: "
                         "the quantization cost can exceed what the low-precision rollout saves",

@@ -4,44 +4,12 @@ representation of one weight version with its bytes at the model's shapes."""
 from __future__ import annotations
 
 import math
-from math import ceil
 
-from pcc.contract.model import Grouping, Scheme
-from pcc.plan.checks import fp8_recipe, used
 from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan
 
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "mxfp8": 8,
                 "int8": 8, "mxfp4": 4, "nvfp4": 4, "int4": 4}
-SCALE_BYTES = {"fp32": 4, "pow2": 4, "e8m0": 1, "e4m3_fp32": 1}
 LABEL = {"rollout": "Rollout", "fprop": "FProp", "dgrad": "DGrad", "wgrad": "WGrad"}
-
-
-def _groups(g: Grouping | None, n: int, k: int) -> int:
-    if g is None:
-        return 0
-    if g.kind == "tensor":
-        return 1
-    if g.kind in ("row", "token"):
-        return n
-    if g.kind == "block":
-        return ceil(n / g.rows) * ceil(k / g.cols)
-    if g.kind == "tile":
-        return n * ceil(k / g.cols)
-    return n * ceil(k / g.size)
-
-
-def weight_bytes(spec: Scheme, shape: tuple[int, ...]) -> int:
-    """Bytes of one weight stored in `spec`: codes + scales (+ the NVFP4 outer scale)."""
-    n, k = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
-    numel = n * k
-    codes = numel * ELEMENT_BITS[spec.format] // 8
-    if spec.wide or spec.weights is None:
-        return codes
-    extra = 4 if spec.scale == "e4m3_fp32" else 0
-    zero = _groups(spec.weights, n, k) if not spec.symmetric else 0
-    return codes + _groups(spec.weights, n, k) * SCALE_BYTES[spec.scale or "fp32"] + extra + zero
-
-
 
 
 def explain(plan: Plan) -> dict:
@@ -78,7 +46,7 @@ def explain(plan: Plan) -> dict:
                      else "quantize, pack and install every rollout tensor" if plan.quantized("rollout")
                      else "transfer weights as they are"}
     coverage = _coverage(plan)
-    return {"contract": c.name, "model": cat.name, "operators": len(ops), "fp8_recipe": fp8_recipe(plan),
+    return {"contract": c.name, "model": cat.name, "operators": len(ops), "fp8_recipe": plan.fp8_recipe,
             "trace": trace, "coverage": coverage, "representations": _representations(plan, weights)}
 
 
@@ -127,11 +95,12 @@ def _representations(plan: Plan, weights: list[int]) -> list[dict]:
     ]
     gemm_bytes = 0
     real_ops = 0
-    for ref, spec, idx in used(plan, "fprop"):
-        if ref.gemm(spec) == "real":
+    for d, idx in plan.used("fprop"):
+        spec = d.scheme
+        if d.gemm == "real":
             for i in idx:
                 if ops[i].family != "kv_cache":
-                    gemm_bytes += 2 * weight_bytes(spec, ops[i].shape)  # rowwise + columnwise copies
+                    gemm_bytes += 2 * spec.weight_bytes(ops[i].shape)  # rowwise + columnwise copies
                     real_ops += 1
     if real_ops:
         reps.append({"name": "GEMM weight operands (rowwise + columnwise)", "dtype": "per FProp scheme",
@@ -141,7 +110,7 @@ def _representations(plan: Plan, weights: list[int]) -> list[dict]:
     for i in weights:
         key = (plan.owner["rollout"][i], ops[i].shape)
         if key not in sized:
-            sized[key] = weight_bytes(plan.scheme("rollout", i), ops[i].shape)
+            sized[key] = plan.scheme("rollout", i).weight_bytes(ops[i].shape)
         roll += sized[key]
     if lora:
         roll += train_params * 2  # the BF16 adapter rollout holds beside its packed base

@@ -9,6 +9,7 @@ tensor-name globs, the only per-tensor patterns, refine groups where used.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,21 +43,78 @@ class RuleRef:
         return "qdq" if self.section == "trainer" and scheme.format in ("int4", "int8") else "real"
 
 
-@dataclass
+# The Transformer Engine recipe a real or QDQ trainer GEMM of a format runs; INT4/INT8 have none
+# (Megatron fake-quantizes them through Miles' QAT patch).
+def te_recipe(scheme: Scheme) -> str | None:
+    if scheme.format in ("nvfp4", "mxfp8"):
+        return scheme.format
+    if scheme.format in ("fp8_e4m3", "fp8_e5m2"):
+        if scheme.amax == "delayed":
+            return "delayed"
+        return "blockwise" if scheme.weights and scheme.weights.kind == "block" else "tensorwise"
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one component does to the operators one rule (or the bf16 default) owns: scheme, what
+    reaches the GEMM, accumulation and output, the rule and, for trainer GEMMs, the TE recipe.
+    Every operator a rule owns shares its Decision; `Plan.decision(component, i)` finds it."""
+
+    component: str
+    scheme_name: str
+    scheme: Scheme
+    gemm: str  # "real" | "qdq" | "wide"
+    accumulate: str | None  # as declared; None = the engine's (FP32 in every engine pcc targets)
+    output: str | None  # as declared; None = the engine's activation dtype
+    rule: RuleRef | None  # None: the bf16 default
+
+    @property
+    def path(self) -> str | None:
+        return self.rule.path if self.rule else None
+
+    @property
+    def recipe(self) -> str | None:
+        return te_recipe(self.scheme) if self.component != "rollout" and self.gemm != "wide" else None
+
+
+@dataclass(frozen=True)
 class Plan:
+    """The canonical, frozen result of resolution: one Decision per (component, operator), the
+    trainable set, and derived facts computed once (cached) for every consumer to read."""
+
     contract: Contract
     catalog: Catalog
     rules: list[RuleRef]
     schemes: dict[str, Scheme]
     owner: dict[str, list[int]]  # component -> rule id per operator (DEFAULT: no rule)
-    trainable: list[int] = field(default_factory=list)  # operators that train (base or adapter)
+    trainable: list[int]  # operators that train (base or adapter)
+    decisions: dict[str, dict[int, Decision]]  # component -> rule id (or DEFAULT) -> Decision
+    smap: SourceMap = field(default_factory=SourceMap, compare=False)  # contract path -> span
+
+    def decision(self, component: str, op: int) -> Decision:
+        return self.decisions[component][self.owner[component][op]]
 
     def scheme_name(self, component: str, op: int) -> str:
-        rid = self.owner[component][op]
-        return DEFAULT_SCHEME if rid == DEFAULT else self.rules[rid].rule.scheme
+        return self.decision(component, op).scheme_name
 
     def scheme(self, component: str, op: int) -> Scheme:
-        return self.schemes[self.scheme_name(component, op)]
+        return self.decision(component, op).scheme
+
+    def used(self, component: str):
+        """(Decision, operator indices) for every rule that owns operators in `component`."""
+        for rid, idx in self.groups[component]:
+            if rid != DEFAULT:
+                yield self.decisions[component][rid], idx
+
+    def hardware(self, section: str) -> str | None:
+        """The hardware of "rollout" or "trainer": the section's own, else the contract's."""
+        return getattr(self.contract, section).hardware or self.contract.hardware
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Tensor name -> operator index."""
+        return {op.tensor: i for i, op in enumerate(self.catalog.operators)}
 
     @cached_property
     def groups(self) -> dict[str, list[tuple[int, list[int]]]]:
@@ -69,21 +127,34 @@ class Plan:
             out[comp] = sorted(by_rule.items())
         return out
 
+    @cached_property
+    def params(self) -> int:
+        """Weight parameters of the model (every operator but the KV cache)."""
+        return sum(math.prod(op.shape) for op in self.catalog.operators if op.family != "kv_cache")
+
+    @cached_property
+    def fp8_recipe(self) -> str | None:
+        """The Transformer Engine FP8 recipe (--fp8-recipe) the trainer's first real FP8 GEMM implies."""
+        for comp in ("fprop", "dgrad", "wgrad"):
+            for d, _ in self.used(comp):
+                if d.gemm == "real" and d.recipe not in (None, "nvfp4"):
+                    return d.recipe
+        return None
+
     def kv_cache_formats(self) -> dict[str, "RuleRef | None"]:
         """Rollout KV cache format -> the rule that chose it (None: the bf16 default)."""
         ops, out = self.catalog.operators, {}
         for rid, idx in self.groups["rollout"]:
             if any(ops[i].family == "kv_cache" for i in idx):
-                ref = self.rules[rid] if rid != DEFAULT else None
-                out.setdefault(self.schemes[ref.rule.scheme].format if ref else DEFAULT_SCHEME, ref)
+                d = self.decisions["rollout"][rid]
+                out.setdefault(d.scheme.format, d.rule)
         return out
 
     def quantized(self, component: str) -> bool:
         """Whether any weight (not the KV cache) has a low-precision scheme in `component`."""
         ops = self.catalog.operators
-        return any(rid != DEFAULT and not self.schemes[self.rules[rid].rule.scheme].wide
-                   and any(ops[i].family != "kv_cache" for i in idx)
-                   for rid, idx in self.groups[component])
+        return any(not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx)
+                   for d, idx in self.used(component))
 
 
 def _groups(catalog: Catalog) -> tuple[dict[tuple[str, int | None], list[int]], int]:
@@ -170,10 +241,20 @@ def resolve(contract: Contract, catalog: Catalog, smap: SourceMap, rep: Reporter
             if g is None or g[0] < seq:
                 arr[i] = rid
         owner[comp] = arr
-    plan = Plan(contract, catalog, refs, schemes, owner)
+    decisions = {comp: _decisions(comp, refs, schemes, owner[comp]) for comp in COMPONENTS}
+    trainable = _trainable(contract, groups, num_layers, ops, smap, rep, catalog)
+    plan = Plan(contract, catalog, refs, schemes, owner, trainable, decisions, smap)
     _report_shadowed(plan, matched, smap, rep)
-    plan.trainable = _trainable(contract, groups, num_layers, ops, smap, rep, catalog)
     return plan
+
+
+def _decisions(comp: str, refs: list[RuleRef], schemes: dict[str, Scheme], owner: list[int]) -> dict[int, Decision]:
+    out = {DEFAULT: Decision(comp, DEFAULT_SCHEME, schemes[DEFAULT_SCHEME], "wide", None, None, None)}
+    for rid in set(owner) - {DEFAULT}:
+        ref = refs[rid]
+        spec = schemes[ref.rule.scheme]
+        out[rid] = Decision(comp, ref.rule.scheme, spec, ref.gemm(spec), ref.rule.accumulate, ref.rule.output, ref)
+    return out
 
 
 def _match(pat: Pattern, groups, num_layers: int, ops) -> tuple[list, list[int]]:

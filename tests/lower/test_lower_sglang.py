@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from pcc.lower import lower
-from pcc.lower.sglang import ARGS_FILE, LAUNCH, QUANT_FILE, LoweringError
+from pcc.lower import Unsupported
+from pcc.lower.sglang import ARGS_FILE, LAUNCH, QUANT_FILE
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,14 +155,14 @@ def test_tables_are_sglang_choices(sglang):
 def test_lora_on_mxfp4_experts_is_refused(tmp_path):
     text = (ROOT / "contracts" / "k3_mxfp4_lora.prec").read_text(encoding="utf-8")
     text = text.replace("targets attn.q, attn.kv, attn.o", "targets attn.q, attn.kv, attn.o, experts")
-    with pytest.raises(LoweringError, match="MoE LoRA runs on"):
+    with pytest.raises(Unsupported, match="MoE LoRA runs on"):
         lower(_plan_text(tmp_path, text), "sglang")
 
 
 def test_half_expert_lora_is_refused(tmp_path):
     text = (ROOT / "contracts" / "qwen38_nvfp4_lora.prec").read_text(encoding="utf-8")
     text = text.replace("targets attn.q, attn.kv, attn.o", "targets attn.q, experts.down")
-    with pytest.raises(LoweringError, match="both gate/up and down"):
+    with pytest.raises(Unsupported, match="both gate/up and down"):
         lower(_plan_text(tmp_path, text), "sglang")
 
 
@@ -170,7 +171,7 @@ def test_routed_experts_on_a_dense_model_are_refused(tmp_path):
     text = text.replace("model tiny_moe", "model tiny_dense").replace("routing replay rollout", "")
     plan = _plan_text(tmp_path, text)
     assert "--enable-return-routed-experts" not in lower(plan, "sglang").args
-    with pytest.raises(LoweringError, match="dense"):
+    with pytest.raises(Unsupported, match="dense"):
         lower(_with(plan, routing_replay="r3"), "sglang")
 
 
