@@ -138,7 +138,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
               input_scales: dict) -> None:
     import torch
 
-    from pcc.convert.tensors import place_fused, rollout_tensors
+    from pcc.layout.tensors import place_fused, rollout_tensors
 
     loaded: queue.Queue = queue.Queue(maxsize=2)
     out: queue.Queue = queue.Queue(maxsize=4)

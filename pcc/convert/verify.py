@@ -113,7 +113,7 @@ def _sample(doc: dict, full: bool) -> list[int]:
 def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     import torch
 
-    from pcc.convert.tensors import rollout_tensors
+    from pcc.layout.tensors import rollout_tensors
 
     index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
     checked = 0
@@ -182,7 +182,7 @@ def _out_of_bound(plan, i: int, layout: str, written: dict, x) -> str | None:
     """|dequantized - source| within the element format's rounding (plus saturation at the top)."""
     import torch
 
-    from pcc.convert.tensors import scheme_of
+    from pcc.layout.tensors import scheme_of
     from pcc.numerics import Quantized
     from pcc.numerics.packing import unpack_int32x8
 

@@ -1,6 +1,6 @@
 """Rollout weights in the converter's checkpoint layouts: build them from trainer tensors, and read them back.
 
-`convert_full` calls `pcc.convert.tensors.rollout_tensors`, the function `pcc convert`
+`convert_full` calls `pcc.layout.tensors.rollout_tensors`, the function `pcc convert`
 writes checkpoints with, on the BF16 bridge of the trainer's parameters, so a live
 sync and an offline conversion of the same weights produce the same bytes.
 The same converter step calibrates each NVFP4 operator's static `input_scale`
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from pcc.convert.tensors import place_fused, rollout_tensors
+from pcc.layout.tensors import place_fused, rollout_tensors
 from pcc.lower.converter import tensor_targets
 from pcc.numerics import Quantized
 from pcc.numerics.packing import unpack_int32x8

@@ -15,6 +15,7 @@ import torch
 from pcc.runtime import diagnostics as D
 
 from . import Outcome
+from .common import by_position, readback, score_both
 
 STATS = ("p50", "p90", "p99", "p999", "mean", "max")
 LOOK = ["token alignment: both sides score tokens[:, P:] from the same prefixes (shift by one?)",
@@ -23,26 +24,9 @@ LOOK = ["token alignment: both sides score tokens[:, P:] from the same prefixes 
         "the |dlogp| tail by position: growth with position points at the KV cache or request state"]
 
 
-def score_both(ctx, tokens, prompt_len, engine=None, trainer=None):
-    """(trainer log-probs, rollout Scores) for the same tokens; replay where the contract replays."""
-    s = (engine or ctx.engine).score(tokens, prompt_len, routes=True)
-    replay = s.routes if ctx.plan.contract.routing_replay != "none" and s.routes else None
-    t, own = (trainer or ctx.trainer).score(tokens, prompt_len, replay)
-    return t, s, own
-
-
 def summary(d: torch.Tensor, mask: torch.Tensor) -> dict:
     st = D.abs_stats(d, mask, "x")
     return {f"same_version abs_dlogp {k}": st[f"x_{k}"] for k in STATS}
-
-
-def by_position(d: torch.Tensor, mask: torch.Tensor) -> dict:
-    a = d.abs()
-    p99 = []
-    for j in range(a.shape[1]):
-        v = a[:, j][mask[:, j] > 0]
-        p99.append(float(v.quantile(0.99)) if v.numel() else 0.0)
-    return {"mean": D.by_position(d, mask), "p99": p99}
 
 
 def run(ctx) -> Outcome:
@@ -79,8 +63,6 @@ def run(ctx) -> Outcome:
 
 def _localize(ctx, o: Outcome) -> None:
     """Which layer's installed weights differ from the checkpoint, if any (the level-5 readback)."""
-    from .l5_routes import readback
-
     wrong = readback(ctx, ctx.checkpoint_tensors())
     if wrong:
         o.findings.append(f"installed weights first differ at layer {wrong[0].split('.layers.')[1].split('.')[0]}: "

@@ -10,37 +10,17 @@ by decoding through the engine's cache; |dlogp| by position shows drift as conte
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from pcc.runtime import diagnostics as D
-from pcc.runtime.weights import decode_operator
 
 from . import Outcome
-from .l4_scoring import by_position, score_both
+from .common import LAYER, by_position, readback, score_both
 
 LOOK = ["the first layer whose installed expert weights differ: expert packing / EP shard mapping",
         "router inputs at the first layer whose expert ids differ (the hidden state entering it)",
         "decode vs prefill drift: KV-cache dtype and scale, recurrent or convolution state history",
         "routing replay: whether the trainer runs on the rollout's recorded experts"]
-_LAYER = re.compile(r"\.layers\.(\d+)\.")
-
-
-def readback(ctx, tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Operators whose served values differ from what version `tensors` decodes to, in layer order."""
-    wrong = []
-    eng = ctx.engine
-    for i, op in enumerate(ctx.plan.catalog.operators):
-        if op.family == "kv_cache" or ".layers." not in op.tensor:
-            continue
-        want = decode_operator(ctx.plan, i, tensors)
-        want = want if isinstance(want, torch.Tensor) else want.dequantize(torch.float32)
-        got = eng.read_tensor(op.tensor).float()
-        n = min(got.shape[0], want.shape[0])
-        if got.shape[1:] != want.shape[1:] or not torch.equal(got[:n], want[:n].float()):
-            wrong.append(op.tensor)
-    return sorted(wrong, key=lambda n: int(_LAYER.search(n).group(1)))
 
 
 def long_contexts(ctx, rows: int = 8) -> torch.Tensor:
@@ -69,7 +49,7 @@ def run(ctx) -> Outcome:
     wrong = readback(ctx, ctx.checkpoint_tensors())
     o.figures["installed tensors differing from the checkpoint"] = len(wrong)
     if wrong:
-        layer = int(_LAYER.search(wrong[0]).group(1))
+        layer = int(LAYER.search(wrong[0]).group(1))
         o.figures["first layer with differing installed weights"] = layer
         o.findings.append(f"installed weights first differ at layer {layer}: "
                           + ", ".join(w for w in wrong if f".layers.{layer}." in w)[:400])

@@ -18,8 +18,7 @@ from pcc.runtime.weights import convert_full
 from ..engine import ActivationRefused, Version
 from ..local import LocalTrainer
 from . import Outcome
-from .l4_scoring import score_both
-from .l5_routes import readback
+from .common import readback, score_both
 
 LOOK = ["the active version and its manifest against what the trainer sent (weight_version)",
         "tensors read back stale: shard reconstruction, tensor fusion (qkv, gate_up), packing",
