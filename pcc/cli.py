@@ -119,7 +119,7 @@ class Report:
 # -- the verbs that only read contracts ---------------------------------------------------------
 
 def cmd_check(args, rep: Report) -> int:
-    from pcc.plan import compile_file
+    from pcc.lower import compile_file
 
     results, worst = [], EXIT_OK
     for path in args.files:
@@ -150,7 +150,7 @@ def cmd_check(args, rep: Report) -> int:
 
 def compiled_or_none(rep: Report, arg: str):
     """The checked plan of a contract or bundle, or None (its diagnostics reported)."""
-    from pcc.plan import compile_file
+    from pcc.lower import compile_file
 
     c = compile_file(rep.contract_file(arg))
     if not c.ok:

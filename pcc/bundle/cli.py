@@ -13,7 +13,7 @@ import sys
 
 def cmd_compile(args, rep) -> int:
     from pcc.bundle import BundleError, write_bundle
-    from pcc.plan import compile_file
+    from pcc.lower import compile_file
 
     c = compile_file(rep.contract_file(args.file))
     rep.extend(c.diagnostics, c.sources)

@@ -27,7 +27,7 @@ NEEDED = {
 def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """The bundle to launch: `source` itself, or a fresh compile of a contract file."""
     from pcc.bundle import BundleError, is_bundle, read_bundle, write_bundle
-    from pcc.plan import compile_file
+    from pcc.lower import compile_file
 
     if is_bundle(source):
         read_bundle(source)

@@ -58,6 +58,19 @@ class Parallel(_Model):
     gpus: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
+def _section_rules(rules: list[Rule], section: str, allowed: tuple[str, ...]) -> list[Rule]:
+    """Rules state only what their section can run: rollout rules the rollout component, trainer
+    rules GEMM components, and a keep rule every component of its section (as `.prec` writes it)."""
+    for k, r in enumerate(rules):
+        bad = [c for c in r.components if c not in allowed]
+        if bad:
+            raise ValueError(f"rules[{k}]: {section} rules take components {', '.join(allowed)}, not {', '.join(bad)}")
+        if r.keep and (sorted(set(r.components)) != sorted(allowed) or r.gemm or r.accumulate or r.output):
+            raise ValueError(f"rules[{k}]: a keep rule applies to every {section} component "
+                             f"({', '.join(allowed)}) and takes no gemm, accumulate or output")
+    return rules
+
+
 class Rollout(_Model):
     engine: Literal["sglang"] = "sglang"
     hardware: str | None = None
@@ -66,6 +79,11 @@ class Rollout(_Model):
     deterministic: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     record: list[Literal["logprobs", "experts", "versions"]] = ["logprobs", "versions"]
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: list[Rule]) -> list[Rule]:
+        return _section_rules(v, "rollout", ("rollout",))
 
 
 class Optimizer(_Model):
@@ -87,6 +105,11 @@ class Trainer(_Model):
     param_gather: Dtype = "bf16"
     optimizer: Optimizer = Optimizer()
     parallel: Parallel = Parallel()
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, v: list[Rule]) -> list[Rule]:
+        return _section_rules(v, "trainer", GEMM_COMPONENTS)
 
 
 class Trainable(_Model):

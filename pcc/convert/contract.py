@@ -26,7 +26,7 @@ def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = No
     """The Plan of contract `arg` over the tensors of `checkpoint` (headers), or of a model with
     `config`, or of the contract's own model when neither is given. The contract's own model must be the same architecture (sizes may differ: a
     contract for a family applies to its smaller and larger members)."""
-    from pcc.plan import compile_file
+    from pcc.lower import compile_file
 
     path = contract_path(arg)
     try:

@@ -230,10 +230,10 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, 
     if it["op"] is None:
         _check_finite(tensor, it["source"], file)
         return [(it["source"], tensor)]
-    op = plan.catalog.operators[_op_index(plan, it["source"])]
+    op = plan.catalog.operators[plan.index[it["source"]]]
     entry = src.entries[it["source"]]
     try:
-        pieces = rollout_tensors(plan, _op_index(plan, it["source"]), tensor)
+        pieces = rollout_tensors(plan, plan.index[it["source"]], tensor)
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
     if len(pieces) == 1 and next(iter(pieces.values())) is tensor:
@@ -258,15 +258,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, 
 def _fused_shape(plan, it: dict, name: str) -> list[int]:
     from pcc.lower.converter import tensor_targets
 
-    return tensor_targets(plan, _op_index(plan, it["source"]))["targets"][name]["shape"]
-
-
-def _op_index(plan, name: str) -> int:
-    index = getattr(plan, "_pcc_op_index", None)
-    if index is None:
-        index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
-        plan._pcc_op_index = index
-    return index[name]
+    return tensor_targets(plan, plan.index[it["source"]])["targets"][name]["shape"]
 
 
 def _check_finite(tensor, name: str, file: Path) -> None:

@@ -182,13 +182,12 @@ def _out_of_bound(plan, i: int, layout: str, written: dict, x) -> str | None:
     """|dequantized - source| within the element format's rounding (plus saturation at the top)."""
     import torch
 
-    from pcc.layout.tensors import scheme_of
     from pcc.numerics import Quantized
     from pcc.numerics.packing import unpack_int32x8
 
     if layout == "wide":
         return None
-    scheme = scheme_of(plan, i)
+    scheme = plan.scheme("rollout", i)
     names = list(written)
     op = plan.catalog.operators[i]
     n, k = op.shape

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, load_catalog
-from pcc.plan import Compiled, compile_file
+from pcc.lower import compile_file
+from pcc.plan import Compiled
 
 BUNDLE_CONTRACT = "contract.prec"
 BUNDLE_PLAN = "plan.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from pcc.lower.converter import tensor_targets
-from pcc.numerics import Scheme, quantize
+from pcc.numerics import quantize
 from pcc.numerics.packing import pack_e2m1x2, pack_int32x8
 from pcc.plan import Plan
 
@@ -17,11 +17,6 @@ from pcc.plan import Plan
 # placeholder that `pcc convert` replaces with the source's or a calibrated scale (pcc.convert.calibration)
 # and otherwise counts as uncalibrated; the runtime's sync replaces it with its calibration.
 NVFP4_INPUT_SCALE = 1.0
-
-
-def scheme_of(plan: Plan, i: int) -> Scheme:
-    """pcc.numerics' Scheme for operator i's rollout weights (the plan's `amax` is not a numerics field)."""
-    return Scheme.from_dict(plan.scheme("rollout", i).model_dump(exclude={"amax"}))
 
 
 def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -38,7 +33,7 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor) -> dict[str
         raise ValueError(f"{op.tensor}: shape {list(tensor.shape)}, the plan expects {list(op.shape)}")
     if layout == "wide":
         return {names[0]: tensor}
-    q = quantize(tensor, scheme_of(plan, op_index), role="weight", name=op.tensor)
+    q = quantize(tensor, plan.scheme("rollout", op_index), role="weight", name=op.tensor)
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
         return {names[0]: q.codes, names[1]: q.scales.reshape(entry["targets"][names[1]]["shape"])}
     if layout == "nvfp4":

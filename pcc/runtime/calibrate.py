@@ -91,9 +91,9 @@ def quantize_static(x: torch.Tensor, scheme, input_scale: torch.Tensor) -> Quant
     elements e2m1(x * S / scale_b) saturating at 6. With input_scale = amax(x) / (6 * 448) it is
     exactly pcc.numerics' dynamic NVFP4 quantizer."""
     x2 = x.float().reshape(-1, x.shape[-1])
-    geo = geometry(x2.shape, scheme.grouping("activation"))
+    geo = geometry(x2.shape, scheme.grouping_of("activation"))
     if geo.block_rows != 1:
-        raise ValueError(f"static NVFP4 activations need 1 x N groups, got {scheme.grouping('activation')}")
+        raise ValueError(f"static NVFP4 activations need 1 x N groups, got {scheme.grouping_of('activation')}")
     n, k, c = x2.shape[0], x2.shape[1], geo.block_cols
     pad = -k % c
     xb = F.pad(x2, (0, pad)).view(n, -1, c)

@@ -19,7 +19,6 @@ from pcc.numerics import Quantized
 from pcc.numerics.packing import unpack_int32x8
 
 from .calibrate import input_scales
-from .linear import numerics_scheme
 
 BRIDGE = {"bf16": torch.bfloat16}
 
@@ -67,7 +66,7 @@ def decode_operator(plan, i: int, received: dict[str, torch.Tensor]) -> Quantize
     t = [received[n] for n in names]
     if layout == "wide":
         return t[0].float()
-    scheme, shape = numerics_scheme(plan.scheme("rollout", i)), torch.Size(op.shape)
+    scheme, shape = plan.scheme("rollout", i), torch.Size(op.shape)
     n, k = op.shape
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
         return Quantized(t[0], t[1], shape, scheme, "weight")

@@ -76,7 +76,7 @@ def _contract_sync(ctx, converter_plan) -> dict:
     """What a sync moves on the contract's own model (the converter plan), not the CPU stand-in."""
     plan = ctx.plan
     if ctx.compiled.model_override is not None:
-        from pcc.plan import compile_file
+        from pcc.lower import compile_file
 
         full = compile_file(ctx.compiled.path)
         plan = full.plan if full.ok else plan
