@@ -15,6 +15,7 @@ from __future__ import annotations
 from pcc.contract.model import Scheme
 from pcc.lower import Unsupported
 from pcc.plan import Plan
+from pcc.plan.tensors import layout_of as plan_layout
 
 # Families whose wide tensors are not linear modules any loader would quantize.
 _NOT_MODULES = ("norm", "kv_cache")
@@ -27,21 +28,15 @@ class LayoutError(Unsupported):
 
 
 def layout_of(spec: Scheme) -> str:
-    """The checkpoint layout of one rollout weight scheme."""
-    f, w = spec.format, spec.weights
-    if spec.wide:
-        return "wide"
-    if f == "fp8_e4m3" and w is not None and w.kind == "block":
-        return "fp8_block"
-    if f == "fp8_e4m3" and w is not None and w.kind == "tensor":
-        return "fp8_tensor"
-    if f in ("mxfp8", "mxfp4", "nvfp4"):
-        return f
-    if f == "int4" and w is not None and w.kind == "group":
-        return "int4"
-    raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{f}' grouped '{w.text() if w else None}' "
-                      "(supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, int4 group)",
-                      hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or int4 group N for rollout weights")
+    """The checkpoint layout of one rollout weight scheme (pcc.plan.tensors), or PCC608."""
+    layout = plan_layout(spec)
+    if layout is None:
+        w = spec.weights
+        raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{spec.format}' grouped "
+                          f"'{w.text() if w else None}' (supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, "
+                          "int4 group)", hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or int4 group N "
+                          "for rollout weights")
+    return layout
 
 
 def rollout_layout(plan: Plan) -> str:

@@ -15,7 +15,6 @@ LABEL = {"rollout": "Rollout", "fprop": "FProp", "dgrad": "DGrad", "wgrad": "WGr
 def explain(plan: Plan) -> dict:
     c, cat = plan.contract, plan.catalog
     ops = cat.operators
-    weights = [i for i, op in enumerate(ops) if op.family != "kv_cache"]
     trace = {}
     for comp in COMPONENTS:
         parts = []
@@ -47,7 +46,7 @@ def explain(plan: Plan) -> dict:
                      else "transfer weights as they are"}
     coverage = _coverage(plan)
     return {"contract": c.name, "model": cat.name, "operators": len(ops), "fp8_recipe": plan.fp8_recipe,
-            "trace": trace, "coverage": coverage, "representations": _representations(plan, weights)}
+            "trace": trace, "coverage": coverage, "representations": _representations(plan)}
 
 
 def _coverage(plan: Plan) -> list[dict]:
@@ -74,16 +73,13 @@ def _coverage(plan: Plan) -> list[dict]:
     return rows
 
 
-def _representations(plan: Plan, weights: list[int]) -> list[dict]:
+def _representations(plan: Plan) -> list[dict]:
+    """Every representation of one weight version; the rollout and sync bytes are the Plan's
+    (the converter plan and diff read the same numbers)."""
     c, ops = plan.contract, plan.catalog.operators
-    params = sum(math.prod(ops[i].shape) for i in weights)
-    trainable = plan.trainable
+    params = plan.params
     lora = c.trainable.kind == "lora"
-    if lora:
-        r = c.trainable.rank or 0
-        train_params = sum(r * (ops[i].shape[0] + ops[i].shape[1]) for i in trainable if len(ops[i].shape) == 2)
-    else:
-        train_params = sum(math.prod(ops[i].shape) for i in trainable)
+    train_params = plan.adapter_params if lora else sum(math.prod(ops[i].shape) for i in plan.trainable)
     bits = ELEMENT_BITS
     reps = [
         {"name": "optimizer master", "dtype": c.trainer.master, "bytes": train_params * bits[c.trainer.master] // 8,
@@ -96,30 +92,21 @@ def _representations(plan: Plan, weights: list[int]) -> list[dict]:
     gemm_bytes = 0
     real_ops = 0
     for d, idx in plan.used("fprop"):
-        spec = d.scheme
         if d.gemm == "real":
             for i in idx:
                 if ops[i].family != "kv_cache":
-                    gemm_bytes += 2 * spec.weight_bytes(ops[i].shape)  # rowwise + columnwise copies
+                    gemm_bytes += 2 * d.scheme.weight_bytes(ops[i].shape)  # rowwise + columnwise copies
                     real_ops += 1
     if real_ops:
         reps.append({"name": "GEMM weight operands (rowwise + columnwise)", "dtype": "per FProp scheme",
                      "bytes": gemm_bytes, "of": f"{real_ops} operators with real low-precision GEMMs"})
-    sized: dict[tuple, int] = {}
-    roll = 0
-    for i in weights:
-        key = (plan.owner["rollout"][i], ops[i].shape)
-        if key not in sized:
-            sized[key] = plan.scheme("rollout", i).weight_bytes(ops[i].shape)
-        roll += sized[key]
     if lora:
-        roll += train_params * 2  # the BF16 adapter rollout holds beside its packed base
-    if lora:
-        wire = train_params * 2
-        reps.append({"name": "sync payload per version", "dtype": "bf16", "bytes": wire, "of": "adapter only"})
+        reps.append({"name": "sync payload per version", "dtype": "bf16", "bytes": plan.sync_bytes,
+                     "of": "adapter only"})
     else:
-        wire = params * bits.get(c.sync.bridge, 16) // 8 if c.sync.bridge != "packed" else roll
-        reps.append({"name": "sync payload per version", "dtype": c.sync.bridge, "bytes": wire, "of": "all weights"})
+        reps.append({"name": "sync payload per version", "dtype": c.sync.bridge, "bytes": plan.sync_bytes,
+                     "of": "all weights"})
+    roll = plan.rollout_bytes + (2 * train_params if lora else 0)  # the BF16 adapter beside the packed base
     reps.append({"name": "rollout weights (packed)", "dtype": "per rollout scheme", "bytes": roll,
                  "of": "all weights" + (" + adapter" if lora else "")})
     if c.trainer.param_gather != "bf16":

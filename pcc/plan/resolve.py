@@ -20,6 +20,7 @@ from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.models import Catalog
 from pcc.plan.patterns import NON_GEMM, Pattern, PatternError, parse_pattern
+from pcc.plan.tensors import nbytes, sync_size, tensor_targets
 
 COMPONENTS = ("rollout", "fprop", "dgrad", "wgrad")
 DEFAULT = -1  # owner id of operators no rule matched
@@ -140,6 +141,42 @@ class Plan:
                 if d.gemm == "real" and d.recipe not in (None, "nvfp4"):
                     return d.recipe
         return None
+
+    @cached_property
+    def rollout_tensors(self) -> list[dict | None]:
+        """Per operator, its rollout checkpoint tensors (pcc.plan.tensors); None for the KV cache
+        and for a scheme with no checkpoint layout (the targets report those)."""
+        return [None if op.family == "kv_cache" else tensor_targets(self, i)
+                for i, op in enumerate(self.catalog.operators)]
+
+    @cached_property
+    def rollout_bytes(self) -> int:
+        """Bytes of the rollout checkpoint's weights, every target tensor once (fused ones too)."""
+        seen: dict[str, int] = {}
+        rest = 0
+        for i, t in enumerate(self.rollout_tensors):
+            if t is not None:
+                for name, x in t["targets"].items():
+                    seen.setdefault(name, nbytes(x))
+            elif self.catalog.operators[i].family != "kv_cache":
+                rest += self.scheme("rollout", i).weight_bytes(self.catalog.operators[i].shape)
+        return sum(seen.values()) + rest
+
+    @cached_property
+    def adapter_params(self) -> int:
+        """LoRA adapter parameters: rank x (N + K) per adapter operator; 0 without LoRA."""
+        t, ops = self.contract.trainable, self.catalog.operators
+        if t.kind != "lora":
+            return 0
+        return sum((t.rank or 0) * (ops[i].shape[0] + ops[i].shape[1]) for i in self.trainable
+                   if len(ops[i].shape) == 2)
+
+    @cached_property
+    def sync_bytes(self) -> int:
+        """Bytes one version moves: the BF16 adapter, or every weight as the bridge carries it."""
+        if self.contract.sync.moves == "adapter":
+            return 2 * self.adapter_params
+        return sum(sync_size(self, i) for i, op in enumerate(self.catalog.operators) if op.family != "kv_cache")
 
     def kv_cache_formats(self) -> dict[str, "RuleRef | None"]:
         """Rollout KV cache format -> the rule that chose it (None: the bf16 default)."""

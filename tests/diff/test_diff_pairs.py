@@ -46,10 +46,11 @@ def test_k3_mxfp4_base_moves_to_nvfp4(k3):
 
 
 def test_k3_rollout_bytes_by_hand(k3):
-    """MXFP4: 4-bit codes + one E8M0 byte per 32; NVFP4: 4-bit codes + one E4M3 byte per 16 + an
-    FP32 tensor scale. The packed rollout base grows by numel/16 - numel/32 bytes + 4 per tensor."""
+    """MXFP4: 4-bit codes + one E8M0 byte per 32; NVFP4 (ModelOpt's checkpoint): 4-bit codes + one E4M3
+    byte per 16 + two FP32 scalars per tensor (weight_scale_2, input_scale). The packed rollout base
+    grows by numel/16 - numel/32 bytes + 8 per tensor."""
     ops = [op for op in load_catalog("kimi_k2").operators if op.family.startswith("experts.")]
-    want = sum(op.shape[0] * op.shape[1] // 16 - op.shape[0] * op.shape[1] // 32 + 4 for op in ops)
+    want = sum(op.shape[0] * op.shape[1] // 16 - op.shape[0] * op.shape[1] // 32 + 8 for op in ops)
     rows = {r["name"]: r for r in k3["consequences"]["bytes"]}
     assert rows["rollout weights (packed)"]["delta"] == want
     assert "sync payload per version" not in rows  # the adapter is all that moves, on both sides
