@@ -86,8 +86,8 @@ def test_child_contract_matches_parent_plus_overrides(tmp_path: Path) -> None:
     assert [parent.scheme_name("rollout", i) for i in range(len(ops))] == \
            [child.scheme_name("rollout", i) for i in range(len(ops))]
     q = next(i for i, op in enumerate(ops) if op.family == "attn.q")
-    assert parent.rules[parent.owner["fprop"][q]].gemm(parent.scheme("fprop", q)) == "real"
-    assert child.rules[child.owner["fprop"][q]].gemm(child.scheme("fprop", q)) == "qdq"
+    assert parent.decision("fprop", q).gemm == "real"
+    assert child.decision("fprop", q).gemm == "qdq"
     assert child.scheme_name("dgrad", q) == child.scheme_name("wgrad", q) == "bf16"
 
 

@@ -31,12 +31,8 @@ def _live(plan: Plan, comp: str) -> bool:
 def _signatures(plan: Plan, comp: str) -> dict[int, tuple]:
     """rule id -> (scheme, gemm, accumulate, output): what the rule does, not how it is written."""
     live = _live(plan, comp)
-    out = {DEFAULT: (plan.schemes["bf16"], "wide", None, None) if live else NOT_RUN}
-    for ref in plan.rules:
-        spec = plan.schemes.get(ref.rule.scheme)
-        if spec is not None:
-            out[ref.id] = (spec, ref.gemm(spec), ref.rule.accumulate, ref.rule.output) if live else NOT_RUN
-    return out
+    return {rid: (d.scheme, d.gemm, d.accumulate, d.output) if live else NOT_RUN
+            for rid, d in plan.decisions[comp].items()}
 
 
 def _label(plan: Plan, rid: int, sig: tuple) -> str:

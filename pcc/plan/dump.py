@@ -11,7 +11,7 @@ import hashlib
 import json
 
 from pcc.contract.io import canonical
-from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan
+from pcc.plan.resolve import COMPONENTS, Plan
 
 
 def plan_dict(plan: Plan) -> dict:
@@ -21,16 +21,12 @@ def plan_dict(plan: Plan) -> dict:
     for comp in COMPONENTS:
         entries = []
         for rid, idx in plan.groups[comp]:
-            ref = plan.rules[rid] if rid != DEFAULT else None
-            name = ref.rule.scheme if ref else "bf16"
-            spec = plan.schemes[name]
+            d = plan.decisions[comp][rid]
             tensors = [ops[i].tensor for i in idx if comp == "rollout" or ops[i].family != "kv_cache"]
             if not tensors:
                 continue
-            entries.append({"rule": ref.path if ref else None, "scheme": name,
-                            "gemm": ref.gemm(spec) if ref else "wide",
-                            "accumulate": ref.rule.accumulate if ref else None,
-                            "output": ref.rule.output if ref else None, "tensors": tensors})
+            entries.append({"rule": d.path, "scheme": d.scheme_name, "gemm": d.gemm, "accumulate": d.accumulate,
+                            "output": d.output, "tensors": tensors})
         components[comp] = entries
     doc = canonical(c)
     used = sorted({e["scheme"] for entries in components.values() for e in entries})

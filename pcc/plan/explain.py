@@ -22,13 +22,10 @@ def explain(plan: Plan) -> dict:
             idx = [i for i in idx if ops[i].family != "kv_cache"]
             if not idx:
                 continue
-            name = plan.scheme_name(comp, idx[0])
-            spec = plan.schemes[name]
-            mode = "wide" if spec.wide else (plan.rules[rid].gemm(spec) if rid != DEFAULT else "real")
+            d = plan.decisions[comp][rid]
             if comp == "wgrad" and c.trainable.kind != "all":
                 continue
-            parts.append({"scheme": name, "gemm": mode, "operators": len(idx),
-                          "rule": plan.rules[rid].path if rid != DEFAULT else None})
+            parts.append({"scheme": d.scheme_name, "gemm": d.gemm, "operators": len(idx), "rule": d.path})
         trace[comp] = parts
     trainable = c.trainable
     adapter = trainable.kind == "lora"

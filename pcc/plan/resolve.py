@@ -34,14 +34,6 @@ class RuleRef:
     rule: Rule
     path: str  # where it sits in the canonical contract, e.g. "rollout.rules[2]"
 
-    def gemm(self, scheme: Scheme) -> str:
-        """What reaches the GEMM: stated, else real on rollout and for trainer formats with a
-        trainer GEMM, QDQ (fake quantization) for INT4 in the trainer."""
-        if scheme.wide:
-            return "wide"
-        if self.rule.gemm:
-            return self.rule.gemm
-        return "qdq" if self.section == "trainer" and scheme.format in ("int4", "int8") else "real"
 
 
 # The Transformer Engine recipe a real or QDQ trainer GEMM of a format runs; INT4/INT8 have none
@@ -290,8 +282,18 @@ def _decisions(comp: str, refs: list[RuleRef], schemes: dict[str, Scheme], owner
     for rid in set(owner) - {DEFAULT}:
         ref = refs[rid]
         spec = schemes[ref.rule.scheme]
-        out[rid] = Decision(comp, ref.rule.scheme, spec, ref.gemm(spec), ref.rule.accumulate, ref.rule.output, ref)
+        out[rid] = Decision(comp, ref.rule.scheme, spec, _gemm(ref, spec), ref.rule.accumulate, ref.rule.output, ref)
     return out
+
+
+def _gemm(ref: RuleRef, scheme: Scheme) -> str:
+    """What reaches the GEMM: stated, else real on rollout and for trainer formats with a trainer
+    GEMM, QDQ (fake quantization) for INT4/INT8 in the trainer."""
+    if scheme.wide:
+        return "wide"
+    if ref.rule.gemm:
+        return ref.rule.gemm
+    return "qdq" if ref.section == "trainer" and scheme.format in ("int4", "int8") else "real"
 
 
 def _match(pat: Pattern, groups, num_layers: int, ops) -> tuple[list, list[int]]:

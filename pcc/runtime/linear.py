@@ -47,7 +47,7 @@ WIDE = Gemm()
 
 
 def gemm_for(spec, mode: str, output: str | None = None) -> Gemm:
-    """A Gemm from a plan Scheme and RuleRef.gemm(spec)."""
+    """A Gemm from a plan Decision's scheme and GEMM kind."""
     if spec.wide or mode == "wide":
         return Gemm(output=output or "bf16")
     roles = frozenset(r for r, g in (("weight", spec.weights), ("activation", spec.activations),

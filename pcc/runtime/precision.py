@@ -7,8 +7,6 @@ trainer variants, from the rollout's scheme with a chosen execution.
 
 from __future__ import annotations
 
-from pcc.plan import DEFAULT
-
 from .linear import Gemm, gemm_for
 
 VARIANTS = {  # Table 5: (fprop, dgrad/wgrad) execution against the rollout's scheme
@@ -20,12 +18,8 @@ VARIANTS = {  # Table 5: (fprop, dgrad/wgrad) execution against the rollout's sc
 
 
 def _gemm(plan, component: str, op: int, output: str | None = None) -> Gemm:
-    rid = plan.owner[component][op]
-    spec = plan.scheme(component, op)
-    if rid == DEFAULT:
-        return gemm_for(spec, "wide", output)
-    ref = plan.rules[rid]
-    return gemm_for(spec, ref.gemm(spec), output or ref.rule.output)
+    d = plan.decision(component, op)
+    return gemm_for(d.scheme, d.gemm, output or d.output)
 
 
 def rollout_gemms(plan) -> dict[str, Gemm]:
