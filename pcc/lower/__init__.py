@@ -39,6 +39,8 @@ class Lowered:
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # bundle-relative path -> text
     notes: list[str] = field(default_factory=list)  # why each non-obvious value was chosen
+    # contract fields this target lowers only partly: reported as warnings with their code
+    caveats: list["Unsupported"] = field(default_factory=list)
 
 
 def module_leaf(tensor: str) -> str:
@@ -137,10 +139,15 @@ def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -
         try:
             out[name] = lower(plan, name)
         except Unsupported as exc:
+            found = [(exc, "error")]
+        else:
+            found = [(w, "warning") for w in out[name].caveats]
+        for exc, severity in found:
             key = (exc.code, exc.message)
             if key not in seen:  # Miles re-raises what megatron or sglang reported
                 seen.add(key)
-                rep.diagnostics.append(exc.diagnostic(plan.smap.find(exc.path) if exc.path else None))
+                d = exc.diagnostic(plan.smap.find(exc.path) if exc.path else None)
+                rep.diagnostics.append(replace(d, severity=severity))
     return out
 
 

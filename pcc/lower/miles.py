@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pcc.lower import Lowered, lower, module_leaf, target
+from pcc.lower import Lowered, Unsupported, lower, module_leaf, target
 from pcc.plan import Plan
 
 BUFFER_BYTES = 512 << 20  # Miles' default --update-weight-buffer-size
@@ -138,4 +138,11 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
 """
     files = {"miles/args.txt": "\n".join([script] + args) + "\n", "miles/runtime-env.json": runtime_env,
              "miles/launch.sh": launch}
-    return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes)
+    caveats = []
+    if plan.contract.sync.activation == "eager":
+        caveats.append(Unsupported(
+            "Miles pauses generation, installs the whole update and then resumes, so a version activates "
+            "atomically there; 'activation eager' is honoured by the embedded runtime only", "PCC612",
+            "sync.activation", "write 'activation atomic', or run the contract on the embedded runtime"))
+    return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
+                   caveats=caveats)
