@@ -8,6 +8,7 @@ alone, measured in the same run.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -29,10 +30,17 @@ def best(fn, repeat: int) -> float:
     return min(times)
 
 
+def machine() -> str:
+    """Cores, load average and date, printed before and after the measurements."""
+    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+            + time.strftime(", %Y-%m-%d %H:%M %Z"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    print(machine())
     header = f"{'contract':<28} {'operators':>9} {'parse':>8} {'check':>8} " + \
         " ".join(f"{t:>11}" for t in TARGET_MODULES) + f" {'bundle':>9}"
     print(header)
@@ -50,6 +58,7 @@ def main() -> None:
         whole = best(fresh(lambda: bundle_files(c.plan)), args.repeat)
         print(f"{path.stem:<28} {len(c.plan.catalog.operators):>9} {parse * 1e3:>6.1f}ms {check * 1e3:>6.0f}ms "
               + " ".join(f"{t * 1e3:>9.0f}ms" for t in targets) + f" {whole * 1e3:>7.0f}ms", flush=True)
+    print("after: " + machine())
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def main() -> None:
     generate()
     size = sum(f.stat().st_size for f in SRC.glob("*.safetensors"))
     print(f"checkpoint {SRC}: {size / 1e9:.2f} GB BF16; {os.cpu_count()} cores, load average "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
     print(f"{'method':<28}{'GB/s of input':>14}{'seconds':>10}{'peak RSS':>12}")
     for method, label in (("floor", "safetensors read+write"), ("straightforward", "straightforward fp8"),
                           ("pcc", "pcc convert (fp8_block)")):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -60,10 +61,17 @@ def naive(pa, pb) -> int:
     return sum(a.get(t) != b.get(t) for t in set(a) | set(b))
 
 
+def machine() -> str:
+    """Cores, load average and date, printed before and after the measurements."""
+    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+            + time.strftime(", %Y-%m-%d %H:%M %Z"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    print(machine())
     print(f"{'pair':<18} {'operators':>9} {'changed':>8} {'compile A+B':>11} {'compare':>8} {'bytes':>7} "
           f"{'engines':>8} {'pcc diff':>9} {'naive plan-json diff':>21} {'speedup':>8}")
     for label, (a, b) in PAIRS.items():
@@ -84,6 +92,7 @@ def main() -> None:
         print(f"{label:<18} {len(ca.plan.catalog.operators):>9} {changed:>8} {compile_s * 1e3:>9.0f}ms "
               f"{compare_s * 1e3:>6.0f}ms {bytes_s * 1e3:>5.0f}ms {engines_s * 1e3:>6.0f}ms {ours * 1e3:>7.0f}ms "
               f"{theirs * 1e3:>19.0f}ms {theirs / ours:>7.1f}x", flush=True)
+    print("after: " + machine())
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ converters write it (pad, per-block amax, divide, clamp, cast on the whole tenso
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -59,13 +60,21 @@ def run(n: int, repeat: int) -> None:
     print(f"fp8_block codes identical to the reference quantizer: {same}")
 
 
+def machine() -> str:
+    """Cores, load average and date, printed before and after the measurements."""
+    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+            + time.strftime(", %Y-%m-%d %H:%M %Z"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    print(machine())
     for n in args.sizes:
         run(n, args.repeat)
+    print("after: " + machine())
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the same run. Four sizes show how each grows with the operator count.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -98,12 +99,19 @@ def timed(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def machine() -> str:
+    """Cores, load average and date, printed before and after the measurements."""
+    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+            + time.strftime(", %Y-%m-%d %H:%M %Z"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, nargs="+", default=[8, 16, 32, 61])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-baseline", action="store_true")
     args = ap.parse_args()
+    print(machine())
     base = load_catalog("kimi_k2").config
     print(f"{'layers':>6} {'operators':>9} {'rules':>5} {'pcc resolve':>12} {'ops/s':>12} "
           f"{'compressed-tensors':>19} {'speedup':>8}")
@@ -141,6 +149,7 @@ def main() -> None:
             assert mine == found, f"matchers disagree on {len(mine ^ found)} modules"
             line += f" {theirs * 1e3:>17.0f}ms {theirs / ours:>7.0f}x"
         print(line, flush=True)
+    print("after: " + machine())
 
 
 if __name__ == "__main__":
