@@ -82,8 +82,9 @@ class Report:
     def warning(self, message: str, file: str | None = None) -> None:
         self.error(message, file, severity="warning")
 
-    def fail(self, message: str, exit_code: int = EXIT_ERRORS, file: str | None = None) -> int:
-        self.error(message, file)
+    def fail(self, message: str, exit_code: int = EXIT_ERRORS, file: str | None = None,
+             code: str | None = None) -> int:
+        self.error(message, file, code=code)
         return exit_code
 
     def say(self, text: str) -> None:
@@ -422,6 +423,8 @@ def _run(args, rep: Report) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pcc.lang.diagnostics import PccError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     rep = Report(_command_of(argv), as_json)
@@ -441,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                 except UsageError as exc:
                     rep.error(str(exc), exc.file)
                     code = EXIT_USAGE
+                except PccError as exc:  # pcc's own errors carry their code (docs/checks.md)
+                    rep.error(exc.message, code=exc.code or None)
+                    code = EXIT_ERRORS
     except KeyboardInterrupt:
         rep.error("interrupted")
         code = EXIT_INTERRUPTED

@@ -23,7 +23,13 @@ FIXTURES = ROOT / "tests" / "check_fixtures"
 DOCS = ROOT / "docs" / "checks.md"
 EXPECT = re.compile(rb"^# expect: (PCC\d{3})(?: (?:(?P<file>[\w\-]+\.(?:prec|yaml|yml|json)):)?(?P<line>\d+)(?::(?P<col>\d+))?)?\s*$")
 # Codes no input file can produce: each has its own test below instead of a fixture.
-NO_FIXTURE = {"PCC100": "the parser's defensive catch-all; see test_pcc100_internal_parser_failure"}
+NO_FIXTURE = {
+    "PCC100": "the parser's defensive catch-all; see test_pcc100_internal_parser_failure",
+    # PCC7xx: errors of running a bundle, not of a contract's text (test_running_errors_carry_codes)
+    "PCC701": "a bundle that cannot be written or read", "PCC702": "a checkpoint conversion that cannot go on",
+    "PCC703": "the embedded runtime cannot run", "PCC704": "an engine did not do what was asked",
+    "PCC705": "diff cannot compare",
+}
 
 
 def _fixtures() -> list[Path]:
@@ -128,3 +134,29 @@ def test_cli_check_clean_exit_zero() -> None:
     env = json.loads(proc.stdout)
     [out] = env["result"]
     assert env["ok"] is True and out["errors"] == 0 and env["diagnostics"] == []
+
+
+def test_running_errors_carry_codes(tmp_path: Path) -> None:
+    """Errors of running (PCC7xx) share the root PccError and reach --json with their code."""
+    from pcc.bundle import BundleError
+    from pcc.convert import ConvertError
+    from pcc.diff.load import DiffError
+    from pcc.lang.diagnostics import PccError
+    from pcc.models import CatalogError
+    from pcc.runtime.contract import ContractError
+    from pcc.runtime.model import ArchError
+    from pcc.runtime.sync import SyncError
+    from pcc.validate.engine import EngineError
+
+    codes = {BundleError: "PCC701", ConvertError: "PCC702", ContractError: "PCC703", ArchError: "PCC703",
+             SyncError: "PCC703", EngineError: "PCC704", DiffError: "PCC705", CatalogError: "PCC204"}
+    for cls, code in codes.items():
+        assert issubclass(cls, PccError) and cls.code == code, cls
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "pcc.cli", "verify-checkpoint", "--json",
+                           str(ROOT / "contracts" / "tiny_cpu.prec"), str(tmp_path / "empty")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    env = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not env["ok"]
+    assert [d["code"] for d in env["diagnostics"]] == ["PCC702"], env
+

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pcc import __version__
 from pcc.contract.model import Contract
+from pcc.lang.diagnostics import PccError
 from pcc.contract.fmt import lines
 from pcc.lower import Lowered, lower, targets_for
 from pcc.plan import Plan
@@ -36,8 +37,10 @@ exec pcc run "$here" "$@"
 """
 
 
-class BundleError(Exception):
+class BundleError(PccError):
     """A bundle cannot be written or read; the message says which file and why."""
+
+    code = "PCC701"
 
 
 def contract_source(contract: Contract) -> str:

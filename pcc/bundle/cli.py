@@ -22,7 +22,7 @@ def cmd_compile(args, rep) -> int:
     try:
         files = write_bundle(c.plan, args.out, force=args.force)
     except BundleError as exc:
-        return rep.fail(str(exc))
+        return rep.fail(str(exc), code=exc.code)
     verified = verify_engines(c.plan, args.out) if args.verify else []
     failed = [v for v in verified if not v["ok"]]
     for v in failed:

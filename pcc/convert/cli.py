@@ -45,7 +45,7 @@ def cmd_convert(args, rep) -> int:
                               max_shard_bytes=shard, progress=not rep.json, calibrate=args.calibrate,
                               calibration_tokens=args.calibration_tokens)
     except (ConvertError, ValueError, OSError) as err:
-        return rep.fail(str(err))
+        return rep.fail(str(err), code=getattr(err, "code", None) or None)
     _warn_input_scales(summary)
     rep.result = summary
     if "layout" in summary:
@@ -83,7 +83,7 @@ def cmd_verify(args, rep) -> int:
     try:
         report = verify(args.contract, args.directory, source=args.source, full=args.full)
     except (ConvertError, ValueError, OSError) as err:
-        return rep.fail(str(err))
+        return rep.fail(str(err), code=getattr(err, "code", None) or None)
     rep.result = report
     for p in report["problems"]:
         more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""

@@ -32,7 +32,7 @@ def cmd_diff(args, rep) -> int:
         compiled = getattr(exc, "compiled", None)
         if compiled is not None:
             rep.extend(compiled.diagnostics, compiled.sources)
-        return rep.fail(str(exc), 2)
+        return rep.fail(str(exc), 2, code=exc.code)
     rep.result = report
     if not rep.json:
         sys.stdout.write(render(report, args.format))

@@ -9,13 +9,16 @@ from pathlib import Path
 from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, load_catalog
 from pcc.lower import compile_file
 from pcc.plan import Compiled
+from pcc.lang.diagnostics import PccError
 
 BUNDLE_CONTRACT = "contract.prec"
 BUNDLE_PLAN = "plan.json"
 
 
-class DiffError(Exception):
+class DiffError(PccError):
     """A side cannot be compared; `compiled` holds its diagnostics when it failed to check."""
+
+    code = "PCC705"
 
     def __init__(self, message: str, compiled: Compiled | None = None):
         super().__init__(message)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pcc.lang.diagnostics import PccError
+
 FAMILIES = (
     "embed", "attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "router",
     "experts.gate_up", "experts.down", "shared_experts.gate_up", "shared_experts.down",
@@ -14,8 +16,10 @@ FAMILIES = (
 )
 
 
-class CatalogError(Exception):
+class CatalogError(PccError):
     """A model catalog cannot be built; the message names the file or tensor at fault."""
+
+    code = "PCC204"
 
 
 @dataclass(frozen=True, slots=True)

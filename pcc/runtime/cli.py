@@ -85,9 +85,9 @@ def _compile(args, rep):
         return c
     except ContractError as exc:
         rep.extend([d for d in exc.diagnostics if d.is_error], exc.sources)
-        rep.error(str(exc))
+        rep.error(str(exc), code=exc.code)
     except ArchError as exc:
-        rep.error(str(exc))
+        rep.error(str(exc), code=exc.code)
     return None
 
 

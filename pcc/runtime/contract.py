@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pcc.contract.io import load
 from pcc.contract.model import ModelRef, Parallel
-from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter
+from pcc.lang.diagnostics import Diagnostic, DiagnosticError, PccError, Reporter
 from pcc.models import CatalogError, load_catalog
 from pcc.plan import load_model
 from pcc.plan.checks import run_checks
@@ -29,7 +29,11 @@ STAND_INS = {"qwen3_30b_a3b": "tiny_moe", "qwen3_8b": "tiny_dense", "llama3_8b":
 WIDER = {"tiny_moe": "tiny_moe_128"}  # every reduction width a multiple of 128 (INT4 groups of 128)
 
 
-class ContractError(RuntimeError):
+class ContractError(PccError, RuntimeError):
+    """The embedded runtime cannot run this contract (or bundle); `diagnostics` say why."""
+
+    code = "PCC703"
+
     def __init__(self, message: str, diagnostics: list[Diagnostic] | None = None, sources: dict | None = None):
         super().__init__(message)
         self.diagnostics, self.sources = diagnostics or [], sources or {}

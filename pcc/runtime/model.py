@@ -18,11 +18,15 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from pcc.lang.diagnostics import PccError
+
 SUPPORTED = {"qwen3_moe": True, "qwen3": True, "llama": False, "mistral": False, "deepseek_v3": False}  # -> q/k norm
 
 
-class ArchError(ValueError):
+class ArchError(PccError, ValueError):
     """The catalog describes a model this runtime cannot build."""
+
+    code = "PCC703"
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,13 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from pcc.lang.diagnostics import PccError
 
-class SyncError(RuntimeError):
+
+class SyncError(PccError, RuntimeError):
     """A version could not be activated; the message names the version and the tensor."""
+
+    code = "PCC703"
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,13 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
+from pcc.lang.diagnostics import PccError
 
-class EngineError(RuntimeError):
+
+class EngineError(PccError, RuntimeError):
     """The engine did not do what was asked; the message names the request and the reply."""
+
+    code = "PCC704"
 
 
 class ActivationRefused(EngineError):
