@@ -177,7 +177,7 @@ def calibration() -> None:
             out = subprocess.run([sys.executable, __file__, "--calibration-child", label, str(int(cal))],
                                  capture_output=True, text=True, check=True)
             r[cal] = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{label:<24}{params / 1e6:>10.1f}M{r[True]['calibration']:>12.1f}s{r[True]['seconds']:>12.1f}s"
+        print(f"{label:<24}{params / 1e6:>10.1f}M{r[True]['calibration']:>12.2f}s{r[True]['seconds']:>12.1f}s"
               f"{r[False]['seconds']:>15.1f}s{r[True]['peak_rss'] / 2**30:>11.1f} GiB"
               f"{r[False]['peak_rss'] / 2**30:>6.1f} GiB", flush=True)
     print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
