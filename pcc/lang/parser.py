@@ -6,6 +6,7 @@ malformed, escapes as a traceback.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from lark import Lark, Token, Tree
@@ -88,6 +89,12 @@ def _diagnose(exc: UnexpectedInput, file: str, text: str) -> Diagnostic:
     expected = set(exc.expected)
     span = Span(file, tok.line, tok.column, tok.end_line, tok.end_column)
     hint = did_you_mean(str(tok), _keywords(expected)) if tok.type == "IDENT" else None
+    before = text.splitlines()[tok.line - 1][: tok.column - 1] if text else ""
+    name = re.match(r"\s*contract\s+([\w\-]+)$", before)
+    if hint is None and name:  # `contract qwen3.5-test`: the name stopped at a character names cannot hold
+        rest = re.match(r"[^\s{]*", text.splitlines()[tok.line - 1][tok.column - 1:]).group(0)
+        hint = ("a contract name is letters, digits, '_' and '-' (starting with a letter or '_'): e.g. '"
+                + re.sub(r"[^\w\-]", "_", name.group(1) + rest) + "'")
     if hint is None:
         hint = "expected " + ", ".join(_expected(expected))
     what = "keyword" if tok.type == "IDENT" else "token"

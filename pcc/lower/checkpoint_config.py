@@ -129,6 +129,8 @@ def quantization_config(plan: Plan) -> dict | None:
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
         cfg = {"quant_method": "mxfp8" if layout == "mxfp8" else "fp8", "activation_scheme": "dynamic",
                "modules_to_not_convert": skip}
+        if layout != "mxfp8":
+            cfg["fmt"] = "e4m3"  # the published FP8 configs (Qwen3-*-FP8, DeepSeek-V3) carry it; loaders read e4m3
         if layout == "fp8_block":
             cfg["weight_block_size"] = [spec.weights.rows, spec.weights.cols]
             if spec.scale == "pow2":

@@ -55,7 +55,10 @@ def lm_config(config: dict) -> dict:
 
 
 def config_dtype(config: dict) -> str:
-    """The dtype a config declares; float32 when absent, as Hugging Face assumes."""
+    """The dtype a config declares (`torch_dtype`, or transformers 5's `dtype`). When it declares
+    none (gpt-oss), bfloat16: the dtype every published LLM checkpoint pcc reads stores its wide
+    tensors in; shard headers, when present, override it tensor by tensor."""
     lm = lm_config(config)
-    name = lm.get("torch_dtype") or lm.get("dtype") or config.get("torch_dtype") or "float32"
+    name = (lm.get("torch_dtype") or lm.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+            or "bfloat16")
     return _TORCH_DTYPES.get(name, name)

@@ -158,3 +158,9 @@ def test_scale_rule_parses_and_is_checked(tmp_path):
                  "  rollout {\n    experts : s\n  }\n  routing replay rollout\n}\n")
     errors = [d for d in compile_file(str(p)).diagnostics if d.is_error]
     assert [(d.code, d.span.line) for d in errors] == [("PCC302", 4)]
+
+
+def test_a_contract_name_with_a_dot_says_what_names_hold():
+    (d,) = _errors("contract qwen3.5-test {\n  model tiny_dense\n}\n")
+    assert (d.code, d.span.line, d.span.col) == ("PCC101", 1, 15)
+    assert "letters, digits, '_' and '-'" in d.hint and "'qwen3_5-test'" in d.hint

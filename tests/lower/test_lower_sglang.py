@@ -245,6 +245,7 @@ def test_block_fp8_checkpoint_config_written_by_hand():
     expected = {
         "quant_method": "fp8",
         "activation_scheme": "dynamic",
+        "fmt": "e4m3",  # as the published Qwen3-*-FP8 and DeepSeek-V3 configs write it
         "weight_block_size": [128, 128],
         "modules_to_not_convert": ["model.embed_tokens"] + [f"model.layers.{i}.mlp.gate" for i in range(4)]
                                   + ["lm_head"],
