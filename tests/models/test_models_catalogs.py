@@ -212,3 +212,12 @@ def test_tiny_moe_128_widths_take_128_groups():
     for op in load_catalog("tiny_moe_128").operators:
         if op.family.startswith("experts.") or op.family.startswith("attn."):
             assert op.shape[1] % 128 == 0, op
+
+
+def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
+    from pcc.models.base import config_dtype
+
+    assert config_dtype({"model_type": "gpt_oss"}) == "bf16"  # gpt-oss publishes no torch_dtype
+    assert config_dtype({"dtype": "float16"}) == "fp16"  # transformers 5 writes `dtype`
+    assert config_dtype({"torch_dtype": "float32"}) == "fp32"
+    assert config_dtype({"text_config": {"torch_dtype": "bfloat16"}, "torch_dtype": "float32"}) == "bf16"
