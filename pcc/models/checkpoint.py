@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from pcc.models.base import SAFETENSORS_DTYPES, CatalogError, config_dtype, lm_config
+from pcc.models.builtin import catalog_from_config
 from pcc.models.catalog import Catalog, Record, assemble
 from pcc.models.shapes import KNOWN_MODEL_TYPES
 
@@ -22,7 +23,9 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
     """The catalog of the checkpoint in directory ``path``.
 
     Shapes and dtypes come from the shard headers; when only the index is
-    present, from config.json. For known model types a header shape that
+    present, from config.json; when only config.json is (what a model card links
+    before anyone downloads the weights), names, shapes and dtype all come from it,
+    as for the built-in catalogs. For known model types a header shape that
     disagrees with config.json is an error.
     """
     root = Path(path)
@@ -33,7 +36,7 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
     files = sorted(set(weight_map.values())) if weight_map else sorted(
         p.name for p in root.glob("*.safetensors"))
     if not files:
-        raise CatalogError(f"{root}: neither {_INDEX} nor any *.safetensors file")
+        return _from_config_only(root, config)
     present = [name for name in files if (root / name).is_file()]
     if weight_map and not present:
         dtype = config_dtype(config)
@@ -48,6 +51,18 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
     extras = [record[0] for record in tensors if not record[0].endswith(".weight")]
     known = lm_config(config).get("model_type") in KNOWN_MODEL_TYPES
     return assemble(str(root), config, weights, extras, source=str(root), check_shapes=known)
+
+
+def _from_config_only(root: Path, config: dict) -> Catalog:
+    model_type = lm_config(config).get("model_type")
+    if model_type not in KNOWN_MODEL_TYPES:
+        raise CatalogError(f"{root}: only config.json, and pcc derives tensor names from a config for model types "
+                           f"{', '.join(sorted(KNOWN_MODEL_TYPES))}, not {model_type!r}: add the checkpoint's "
+                           f"{_INDEX} (it names every tensor)")
+    try:
+        return catalog_from_config(str(root), config)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CatalogError(f"{root}: config.json lacks what the {model_type} tensor names need ({err!r})") from None
 
 
 def read_safetensors_header(path: Path) -> dict[str, dict]:

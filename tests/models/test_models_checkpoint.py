@@ -206,9 +206,19 @@ def test_missing_config(tmp_path):
         catalog_from_checkpoint(root)
 
 
-def test_no_weights_at_all(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(load_catalog("tiny_dense").config))
-    with pytest.raises(CatalogError, match="neither"):
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "deepseek_v3", "llama3_8b", "kimi_k2"])
+def test_config_only_directory_is_the_config_catalog(tmp_path, name):
+    """What a model card links before anyone downloads 1 TB: config.json alone."""
+    built = load_catalog(name)
+    (tmp_path / "config.json").write_text(json.dumps(built.config))
+    cat = catalog_from_checkpoint(tmp_path)
+    assert [(op.tensor, op.family, op.shape, op.dtype) for op in cat.operators] == \
+        [(op.tensor, op.family, op.shape, op.dtype) for op in built.operators]
+
+
+def test_config_only_of_an_unknown_model_type_asks_for_the_index(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "num_hidden_layers": 2}))
+    with pytest.raises(CatalogError, match="model.safetensors.index.json"):
         catalog_from_checkpoint(tmp_path)
 
 
