@@ -89,12 +89,19 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     """
     formulas: dict[str, tuple[int, ...] | None] = {}
     placed: list[tuple[tuple, Operator]] = []
+    unshaped: list[str] = []
     for tensor, shape, dtype, where in records:
         slot = classify(tensor, config)
         if slot.kind not in formulas:
             formulas[slot.kind] = formula_shape(slot.kind, config)
         expected = formulas[slot.kind]
         if shape is None:
+            if expected is None and slot.family == "other":
+                # Only the index lists it and the config does not shape it (a vision tower, a
+                # router pcc does not model): no rule can quantize "other", so it is carried as
+                # a tensor the converter copies as it is, not as an operator.
+                unshaped.append(tensor)
+                continue
             if expected is None:
                 raise CatalogError(
                     f"{tensor}: no shape, since only the index lists it and config.json does "
@@ -109,7 +116,7 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     placed.extend(_kv_caches(placed, config))
     placed.sort(key=lambda item: item[0])
     operators = tuple(op for _, op in placed)
-    extras = tuple(sorted(extra_tensors, key=_natural))
+    extras = tuple(sorted([*extra_tensors, *unshaped], key=_natural))
     return Catalog(name=name, architecture=_architecture(operators), config=config,
                    operators=operators, extra_tensors=extras, source=source)
 
