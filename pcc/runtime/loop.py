@@ -69,7 +69,8 @@ class Run:
         self.arch.check_catalog(plan.catalog)
         self.task = ReverseTask(cfg.digits)
         torch.manual_seed(cfg.seed)
-        warm, self.warm_cached = warm_start(self.arch, self.task, cfg.seed, cfg.warm)
+        self.warm_info: dict = {}  # the warm start's record: steps, attempt, held-out quality, cache key
+        warm, self.warm_cached = warm_start(self.arch, self.task, cfg.seed, cfg.warm, info=self.warm_info)
         self.reference = _Plain(warm)  # the BF16 reference policy
         self.trainer = Trainer(self.arch, plan, warm, cfg.lr, cfg.variant, cfg.seed)
         self.rollout = RolloutEngine(self.arch, plan, self.trainer.scaling)

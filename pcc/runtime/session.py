@@ -67,6 +67,7 @@ def execute(compiled, cfg: RunConfig, out: Path, resume: bool = False, plots: bo
     summary["plan_lock"] = _lock(compiled.plan)
     summary["model_override"] = compiled.model_override
     summary["rollout_version"] = run.rollout.active.version
+    summary["warm_start"] = {k: run.warm_info.get(k) for k in ("cached", "steps", "attempt", "held_out", "key")}
     write_json(out / "summary.json", summary)
     (out / "summary.txt").write_text(render(summary) + "\n", encoding="utf-8")
     save_model(out / "model", run.trainer.weights() | run.arch.buffers(), compiled.plan.catalog.config)

@@ -1,4 +1,5 @@
-"""Shared setup for the runtime tests: a warm-start cache shared across tests, small run configs."""
+"""Shared setup for the runtime tests: a warm-start cache shared across tests (not the user's), the
+runtime's intra-op thread count (PCC_THREADS, default 1, as `pcc run`), small run configs."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 
 os.environ.setdefault("PCC_CACHE", str(Path(tempfile.gettempdir()) / "pcc-test-cache"))
 
-import torch  # noqa: E402
-
 from pcc.runtime.contract import compile_for_runtime  # noqa: E402
 from pcc.runtime.loop import RunConfig  # noqa: E402
+from pcc.runtime.session import set_threads  # noqa: E402
 
-torch.set_num_threads(1)
+set_threads()
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = ROOT / "contracts"
 

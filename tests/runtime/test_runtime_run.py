@@ -13,13 +13,25 @@ from pcc.runtime.contract import ContractError, compile_for_runtime
 from pcc.runtime.experiment import trainer_variants
 from pcc.runtime.loop import InjectedCrash, Run
 from pcc.runtime.session import execute
+from pcc.runtime.warmstart import held_out, quality
 
 
+@pytest.mark.slow
 def test_reward_rises_over_a_short_run():
     run = Run(plan("tiny_cpu", None), small(steps=12, prompts=32, group=8), None)
+    held = held_out(run.task, 128)
+    before = quality(run.arch, run.trainer.weights(), run.task, held)["exact"]
     r = [run.step(s)["reward"] for s in range(12)]
-    assert sum(r[-4:]) / 4 > sum(r[:4]) / 4 + 0.02
-    assert r[0] > 0.2  # the warm start sometimes succeeds, so RL has a signal
+    after = quality(run.arch, run.trainer.weights(), run.task, held)["exact"]
+    # Judged on held-out prompts by the trainer's expected exact match (deterministic): the sampled reward
+    # of 12 steps of 256 samples moves by +-0.02 from step to step, as much as RL gains in 12 steps (the
+    # old `last 4 > first 4 + 0.02` failed for seed 1). Measured over seeds 0-3: +0.08 to +0.19 (from
+    # 0.30-0.32), so +0.03 leaves 2.5x margin on the smallest.
+    assert after > before + 0.03, (before, after)
+    # The warm start sometimes succeeds, so RL has a signal: sampled step-0 reward 0.77-0.84 over seeds
+    # 0-3 (held-out expected exact match 0.3 at BF16, through the FP8 rollout); 0.6 is > 8 sigma of the
+    # step-to-step sampling noise below the lowest.
+    assert 0.6 < r[0] < 0.97
 
 
 def test_cli_run_writes_the_run_directory(tmp_path, capsys):
@@ -71,6 +83,7 @@ def test_forward_qdq_trainer_matches_an_fp8_rollout_better_than_bf16():
     # same rollout (block FP8); miles_mode1 trains in BF16, unified_fp8_fake_fwd QDQs its FProp
     bf16 = Run(plan("miles_mode1"), small(steps=1, prompts=16), None).step(0)
     qdq = Run(plan("unified_fp8_fake_fwd"), small(steps=1, prompts=16), None).step(0)
+    # measured over seeds 0-3: qdq/bf16 mean 0.000-0.018, p99 <= 0.006 against 0.16-0.32; 0.2 is 10x the worst
     assert qdq["same_version_abs_dlogp_mean"] < 0.2 * bf16["same_version_abs_dlogp_mean"]
     assert qdq["same_version_abs_dlogp_p99"] < bf16["same_version_abs_dlogp_p99"]
 
@@ -90,7 +103,7 @@ def test_trainer_variants_reproduce_table5():
     f = res["finding"]
     assert f["mismatch_lower"] and f["reference_kl_higher_step0"] and f["reproduced"]
     rows = {r["variant"]: r for r in res["variants"]}
-    assert rows["fwd_qdq"]["abs_dlogp_mean"] < 0.2 * rows["bf16"]["abs_dlogp_mean"]
+    assert rows["fwd_qdq"]["abs_dlogp_mean"] < 0.2 * rows["bf16"]["abs_dlogp_mean"]  # 0.000-0.026 over seeds 0-3
 
 
 def test_bundle_directory_and_big_models(tmp_path):

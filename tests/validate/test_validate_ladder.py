@@ -11,9 +11,9 @@ from pcc.validate.context import ValidateConfig
 from pcc.validate.ladder import parse_levels, validate
 
 CONTRACT = "contracts/tiny_cpu.prec"
-# A short warm start (cached under ~/.cache/pcc by its recipe): the ladder compares two
-# executions of the same weights, so it needs a policy, not a good one.
-CFG = dict(warm={"steps": 20, "batch": 32, "lr": 2e-3, "revision": 1}, steps=3, prompts=16)
+# A short warm start (cached by its recipe, tests/validate/conftest.py): the ladder compares two
+# executions of the same weights, so it needs a policy, not a good one (test_validate_contracts.SHORT).
+CFG = dict(warm={"steps": 20, "batch": 32, "lr": 2e-3}, steps=3, prompts=16)
 
 
 def run(tmp_path, levels="1-8", **kw):
@@ -26,6 +26,7 @@ def clean(tmp_path_factory):
     return out, run(out)
 
 
+@pytest.mark.slow
 def test_tiny_cpu_passes_levels_1_to_8(clean):
     out, r = clean
     assert r["ok"], [(lv["level"], lv["findings"]) for lv in r["levels"] if lv["status"] != "pass"]
@@ -34,7 +35,9 @@ def test_tiny_cpu_passes_levels_1_to_8(clean):
     assert by[4]["figures"]["same_version abs_dlogp p99"] <= 0.03  # the contract's own bound
     assert by[5]["figures"]["route_agreement"] >= 0.98
     assert by[6]["figures"]["mixed-version trajectories"] == 0
-    assert by[6]["figures"]["change cosine"] > 0.9  # the synthetic change is seen by the rollout
+    # the synthetic change is seen by the rollout: 0.994-1.0 over 1-ulp perturbations of the warm start's
+    # initial weights, 0.963-1.0 over seeds 0-3 (docs/validate.md)
+    assert by[6]["figures"]["change cosine"] > 0.9
     assert json.loads((out / "report.json").read_text())["ok"]
     md = (out / "report.md").read_text()
     assert "PASSED" in md and "![" in md
