@@ -156,13 +156,13 @@ def check_supported(plan, src) -> None:
 
 
 def _calibrate(plan, src, tokens):
-    """Every operator's source weight, rounded to BF16 as the live sync's bridge does, through the
-    runtime's calibration."""
+    """Every operator's source weight (a quantized source's dequantized), rounded to BF16 as the live
+    sync's bridge does, through the runtime's calibration."""
     import torch
 
     from pcc.runtime.calibrate import input_scales
 
-    weights = {op.tensor: src.load(op.tensor).to(torch.bfloat16) for op in plan.catalog.operators
+    weights = {op.tensor: src.weight(op.tensor).to(torch.bfloat16) for op in plan.catalog.operators
                if op.family != "kv_cache"}
     return input_scales(plan, weights, tokens)
 

@@ -22,15 +22,20 @@ def contract_path(arg: str) -> Path:
     return path
 
 
-def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = None):
-    """The Plan of contract `arg` over the tensors of `checkpoint` (headers), or of a model with
-    `config`, or of the contract's own model when neither is given. The contract's own model must be the same architecture (sizes may differ: a
-    contract for a family applies to its smaller and larger members)."""
+def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = None, source=None):
+    """The Plan of contract `arg` over the tensors of `source` (an opened pcc.convert.source.Source: a
+    quantized source's weights as their logical tensors) or of `checkpoint` (headers), or of a model with
+    `config`, or of the contract's own model when none is given. The contract's own model must be the same
+    architecture (sizes may differ: a contract for a family applies to its smaller and larger members)."""
     from pcc.lower import compile_file
 
     path = contract_path(arg)
     try:
-        if checkpoint is not None:
+        if source is not None and source.view.encodings:
+            catalog = _catalog_of(source)
+        elif source is not None:
+            catalog = catalog_from_checkpoint(source.root)
+        elif checkpoint is not None:
             catalog = catalog_from_checkpoint(checkpoint)
         elif config is not None:
             catalog = catalog_from_config(str(path), config)
@@ -50,6 +55,18 @@ def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = No
             raise ConvertError(f"{path}: the contract is for {ref.catalog} (model_type {want}), "
                                f"the checkpoint is model_type {have}")
     return compiled.plan
+
+
+def _catalog_of(src):
+    """The catalog of a quantized source: each encoded weight is the operator of its logical tensor (shape
+    [N, K], dtype its encoding's), and the scale tensors an encoding consumes are no extras to copy."""
+    from pcc.models.base import lm_config
+    from pcc.models.catalog import assemble
+    from pcc.models.shapes import KNOWN_MODEL_TYPES
+
+    weights, extras = src.records()
+    known = lm_config(src.config).get("model_type") in KNOWN_MODEL_TYPES
+    return assemble(str(src.root), src.config, weights, extras, source=str(src.root), check_shapes=known)
 
 
 def config_of(directory: Path) -> dict:

@@ -43,7 +43,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     when the model is supported and small enough (None), or left 1.0 and counted (False)."""
     t0 = time.perf_counter()
     src = open_source(src_dir)
-    plan = load_plan(contract, src.root)
+    plan = load_plan(contract, source=src)
     doc = converter_plan(plan)
     dst = Path(dst_dir).resolve()
     root = Path(src.root).resolve()
@@ -96,7 +96,7 @@ def _items(doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list
     also lists as an operator's target is written there (carried over), not copied a second time."""
     items, order, seen = [], [], {}
     for k, e in enumerate(doc["tensors"]):
-        if e["source"] not in src.where:
+        if not src.has(e["source"]):
             raise ConvertError(f"{src.root}: the plan needs {e['source']}, which the checkpoint lacks")
         item = {"op": k, "source": e["source"], "emits": [], "feeds": [], "fuse": e.get("fuse")}
         for name, t in e["targets"].items():
@@ -119,8 +119,7 @@ def _items(doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list
 
 
 def _src_bytes(src: Source, name: str) -> int:
-    a, b = src.entries[name]["data_offsets"]
-    return b - a
+    return src.nbytes(name)
 
 
 def _job_id(doc: dict, src: Source, max_shard_bytes: int, scales: str) -> str:
@@ -138,7 +137,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
               input_scales: dict) -> None:
     import torch
 
-    from pcc.layout.tensors import place_fused, rollout_tensors
+    from pcc.layout.tensors import place_fused
 
     loaded: queue.Queue = queue.Queue(maxsize=2)
     out: queue.Queue = queue.Queue(maxsize=4)
@@ -158,7 +157,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             for it in todo:
                 if stop.is_set():
                     return
-                put(loaded, (it, src.load(it["source"])))
+                put(loaded, (it, src.read(it["source"])))
         except BaseException as err:  # handed to the caller's thread
             errors.append(err)
             stop.set()
@@ -201,7 +200,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 break
             it, tensor = got
             nread = _src_bytes(src, it["source"])
-            for name, t in _compute(plan, src, it, tensor, fused, rollout_tensors, place_fused, input_scales):
+            for name, t in _compute(plan, src, it, tensor, fused, place_fused, input_scales):
                 if writer.wanted(name):
                     put(out, (name, t, nread))
                     nread = 0
@@ -221,24 +220,32 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         raise err if isinstance(err, ConvertError) else ConvertError(str(err)) from err
 
 
-def _compute(plan, src: Source, it: dict, tensor, fused: dict, rollout_tensors, place_fused, input_scales: dict):
+def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, input_scales: dict):
     """(name, tensor) pairs one work item contributes, in write order; NVFP4 input scales are the
-    carried or calibrated ones."""
+    carried or calibrated ones. A quantized source's weight (`Encoded`) is copied or dequantized
+    and requantized by `pcc.convert.quantized.rollout_of`."""
     import torch
 
-    file = src.root / src.where[it["source"]]
+    from pcc.convert.quantized import Encoded, rollout_of
+
+    file = src.file_of(it["source"])
     if it["op"] is None:
         _check_finite(tensor, it["source"], file)
         return [(it["source"], tensor)]
     op = plan.catalog.operators[plan.index[it["source"]]]
-    entry = src.entries[it["source"]]
     try:
-        pieces = rollout_tensors(plan, plan.index[it["source"]], tensor)
+        pieces = rollout_of(plan, plan.index[it["source"]], tensor)
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
-    if len(pieces) == 1 and next(iter(pieces.values())) is tensor:
+    except ConvertError as err:
+        raise ConvertError(f"{file}: {err}") from None
+    if isinstance(tensor, Encoded):
+        if len(pieces) == 1:  # kept wide: the BF16 rounding of the dequantized value
+            _check_finite(next(iter(pieces.values())), it["source"], file)
+    elif len(pieces) == 1 and next(iter(pieces.values())) is tensor:
         _check_finite(tensor, it["source"], file)
-    elif entry["dtype"] not in _WIDE_SOURCE:
+    elif src.entries[it["source"]]["dtype"] not in _WIDE_SOURCE:
+        entry = src.entries[it["source"]]
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     pieces = {n: input_scales.get(n, t) for n, t in pieces.items()}
     if it["fuse"] is None:

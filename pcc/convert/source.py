@@ -29,10 +29,18 @@ class Source:
     entries: dict[str, dict] = field(default_factory=dict)  # tensor -> header entry
     data_start: dict[str, int] = field(default_factory=dict)  # shard file -> offset of its data
     _handles: dict = field(default_factory=dict)
+    _view: object = None
 
     def load(self, name: str):
-        """One tensor, read from its checked safetensors header's offsets with a plain pread into
-        a fresh buffer: no pickle, and no mmap whose touched pages would pile up in RSS."""
+        """One tensor as stored, read from its checked safetensors header's offsets with a plain pread
+        into a fresh buffer: no pickle, and no mmap whose touched pages would pile up in RSS."""
+        return self._read(name)
+
+    def load_index(self, name: str, j: int):
+        """`tensor[j]` of a stored tensor (one expert of a fused [E, ...] tensor), reading only its bytes."""
+        return self._read(name, j)
+
+    def _read(self, name: str, index: int | None = None):
         import torch
 
         file = self.where.get(name)
@@ -43,11 +51,18 @@ class Source:
             _TORCH_DTYPES.update({"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
                                   "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
                                   "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
-                                  "I64": torch.int64, "BOOL": torch.bool})
+                                  "I64": torch.int64, "BOOL": torch.bool,
+                                  "F8_E8M0": torch.uint8})  # E8M0 scale bytes, read as their bytes
         dtype = _TORCH_DTYPES.get(entry["dtype"])
         if dtype is None:
             raise ConvertError(f"{self.root / file}: {name} has unsupported dtype {entry['dtype']}")
         begin, end = entry["data_offsets"]
+        shape = entry["shape"]
+        if index is not None:
+            if not shape or not 0 <= index < shape[0]:
+                raise ConvertError(f"{self.root / file}: {name} {shape} has no index {index}")
+            row = (end - begin) // shape[0]
+            begin, end, shape = begin + index * row, begin + (index + 1) * row, shape[1:]
         fd = self._handles.get(file)
         if fd is None:
             fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
@@ -58,7 +73,73 @@ class Source:
             if got <= 0:
                 raise ConvertError(f"{self.root / file}: truncated while reading {name}")
             done += got
-        return buf.view(dtype).reshape(entry["shape"])
+        return buf.view(dtype).reshape(shape)
+
+    # ---- the logical view of a quantized source (pcc.convert.quantized) ----
+
+    @property
+    def view(self):
+        """Encoded weights by logical name and the source tensors they consume; empty for a wide source.
+        Recognized on first use (a rollout checkpoint opened to be verified never needs it)."""
+        if self._view is None:
+            from pcc.convert.quantized import read_small_int, recognize
+
+            def small(name):
+                return read_small_int(self.root / self.where[name], self.data_start[self.where[name]],
+                                      self.entries[name])
+
+            self._view = recognize(self.root, self.config, self.entries, small)
+        return self._view
+
+    def has(self, name: str) -> bool:
+        return name in self.view.encodings or name in self.where
+
+    def read(self, name: str):
+        """What the converter transforms: an `Encoded` for a quantized weight, else the stored tensor."""
+        from pcc.convert.quantized import read
+
+        enc = self.view.encodings.get(name)
+        return self.load(name) if enc is None else read(self, enc)
+
+    def weight(self, name: str):
+        """A weight's value: a quantized one dequantized to float32, any other as stored."""
+        enc = self.view.encodings.get(name)
+        return self.load(name) if enc is None else self.read(name).dequantize()
+
+    def file_of(self, name: str) -> Path:
+        enc = self.view.encodings.get(name)
+        return self.root / self.where[enc.parts[0][1] if enc is not None else name]
+
+    def nbytes(self, name: str) -> int:
+        """Bytes read for tensor `name` (a quantized weight's parts; one expert's share of a fused one)."""
+        enc = self.view.encodings.get(name)
+        if enc is None:
+            a, b = self.entries[name]["data_offsets"]
+            return b - a
+        total = 0
+        for _, part in enc.parts:
+            a, b = self.entries[part]["data_offsets"]
+            share = 1 if enc.expert is None else self.entries[part]["shape"][0] * (1 if enc.rows == "all" else 2)
+            total += (b - a) // share
+        return total
+
+    def records(self) -> tuple[list, list[str]]:
+        """The catalog's view: (`*.weight` records (name, shape, dtype, file), other tensor names), with
+        every quantized weight as its logical tensor and the tensors its encoding consumes left out."""
+        from pcc.models.base import SAFETENSORS_DTYPES
+
+        view, weights, extras = self.view, [], []
+        for name, entry in self.entries.items():
+            if name in view.encodings or name in view.consumed:
+                continue
+            if name.endswith(".weight"):
+                dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())
+                weights.append((name, tuple(entry["shape"]), dtype, str(self.root / self.where[name])))
+            else:
+                extras.append(name)
+        for name, enc in view.encodings.items():
+            weights.append((name, enc.shape, enc.dtype, str(self.file_of(name))))
+        return weights, extras
 
     def close(self) -> None:
         for fd in self._handles.values():

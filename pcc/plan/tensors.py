@@ -18,7 +18,12 @@ from pcc.contract.scheme import Scheme
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1, "int8": 1,
                "int32": 4, "int64": 8}
-SOURCE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# Source dtype (the catalog's) -> the dtype of that tensor kept wide, and of its BF16 bridge. A weight a
+# quantized source stores as codes + scales (block FP8 `fp8_e4m3`; `nvfp4`, `mxfp4`, `int4` from the
+# converter's reading of such sources, pcc.convert.quantized) has no wide dtype of its own: kept wide it is
+# written as the BF16 rounding of its dequantized value, and a BF16 bridge moves it as BF16.
+SOURCE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8_e4m3": "bfloat16",
+                 "nvfp4": "bfloat16", "mxfp4": "bfloat16", "int4": "bfloat16"}
 
 
 def layout_of(spec: Scheme) -> str | None:
