@@ -35,17 +35,19 @@ def cmd_compile(args, rep) -> int:
 
 
 def run_on_miles(args, rep) -> int:
-    """`pcc run CONTRACT|BUNDLE --target miles [--dry-run]`: pcc.bundle.launch, in the frame's terms
-    (with --json its printed launch becomes the envelope's result, its errors diagnostics)."""
+    """`pcc run CONTRACT|BUNDLE --target miles [--dry-run] [-- ARGS...]`: pcc.bundle.launch, in the
+    frame's terms (with --json its printed launch becomes the envelope's result, its errors
+    diagnostics). ARGS go to Miles after the bundle's own and the job file's (later flags win)."""
     from pcc.bundle.launch import run_miles
 
     rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
+    extra = list(getattr(args, "passthrough", None) or [])
     if not rep.json:
-        code = run_miles(args.contract, args.dry_run, False)
+        code = run_miles(args.contract, args.dry_run, False, extra)
     else:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = run_miles(args.contract, args.dry_run, True)
+            code = run_miles(args.contract, args.dry_run, True, extra)
         sys.stderr.write(err.getvalue())
         if out.getvalue().strip():
             rep.result = json.loads(out.getvalue())

@@ -1,13 +1,21 @@
 """`pcc run --target miles`: launch a bundle on Miles (Megatron + SGLang over Ray).
 
 pcc never reimplements Miles: it checks that what the launch needs is present, says
-exactly what is missing and how to get it, and runs the bundle's miles/launch.sh.
-`--dry-run` prints the command and environment instead.
+exactly what is missing and how to get it, and runs the bundle's miles/launch.sh with the
+job's own arguments after it. `--dry-run` prints the command and environment instead.
+
+Miles' arguments come in this order, and where two set the same flag the later wins
+(argparse keeps the last value): the architecture (miles/model_args.txt), the contract's
+flags (miles/args.txt), the checkpoints, the job file, then the arguments given after `--`.
+The job file holds Miles flags, one per line (blank lines and '#' comments skipped); it is
+$PCC_MILES_JOB, else the file `job` beside the bundle (beside the contract file when a
+contract is launched). Nothing in the bundle changes, so its manifest still checks.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from pcc.lower import PATH_VARIABLES
+from pcc.lower.miles import JOB_FILE, JOB_VARIABLE, MODEL_ARGS
 
 NEEDED = {
     "PCC_ROLLOUT_CHECKPOINT": "build it with: pcc convert BUNDLE --from <bf16 checkpoint> --to <dir>",
@@ -43,6 +52,45 @@ def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     return out, tmp
 
 
+def words(text: str) -> list[str]:
+    """The arguments of a flag file, as launch.sh reads them: each line split on blanks (spaces,
+    tabs), blank lines and lines whose first word starts with '#' skipped; no quoting."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        w = [x for x in re.split(r"[ \t]+", line) if x]
+        if w and not w[0].startswith("#"):
+            out += w
+    return out
+
+
+def job_file(source: str, env: dict[str, str]) -> Path | None:
+    """The job file launch.sh reads (None: none), as it resolves it: $PCC_MILES_JOB when set
+    (empty: none), else `job` beside the bundle, or beside the contract file."""
+    if JOB_VARIABLE in env:
+        return Path(env[JOB_VARIABLE]) if env[JOB_VARIABLE] else None
+    path = Path(os.path.abspath(source)).parent / JOB_FILE
+    return path if path.is_file() else None
+
+
+def _flags(args: list[str]) -> dict[str, list[str]]:
+    """flag -> its values, last one winning (argparse's rule for options that take values)."""
+    out: dict[str, list[str]] = {}
+    flag = None
+    for a in args:
+        if a.startswith("--"):
+            flag = a
+            out[flag] = []
+        elif flag is not None:
+            out[flag].append(a)
+    return out
+
+
+def overrides(bundle_args: dict[str, list[str]], later: list[str], where: str) -> list[dict]:
+    """The flags `later` sets again, with both values: the later one wins."""
+    return [{"flag": f, "bundle": " ".join(bundle_args[f]), "now": " ".join(v), "from": where}
+            for f, v in _flags(later).items() if f in bundle_args and bundle_args[f] != v]
+
+
 def missing(env: dict[str, str]) -> list[str]:
     """What the launch cannot start without, each with how to get it."""
     out = []
@@ -54,47 +102,67 @@ def missing(env: dict[str, str]) -> list[str]:
     miles = env.get("MILES_DIR")
     if miles and not (Path(miles) / "train.py").is_file():
         out.append(f"MILES_DIR={miles} has no train.py: clone Miles there")
+    job = env.get(JOB_VARIABLE)
+    if job and not Path(job).is_file():
+        out.append(f"{JOB_VARIABLE}={job}: no such file (the job file: Miles flags, one per line)")
     return out
 
 
-def run_miles(source: str, dry_run: bool, as_json: bool) -> int:
+def run_miles(source: str, dry_run: bool, as_json: bool, extra: list[str] | None = None) -> int:
     import json
 
     from pcc.bundle import BundleError
 
+    extra = list(extra or [])
     try:
         bundle, tmp = _bundle_dir(source)
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
+        env = dict(os.environ)
+        job = job_file(source, env)
+        if tmp is not None:  # launch.sh would look beside the temporary bundle: name the file
+            env[JOB_VARIABLE] = str(job) if job else ""
         launch = bundle / "miles" / "launch.sh"
         runtime_env = json.loads((bundle / "miles" / "runtime-env.json").read_text())["env_vars"]
-        args = [str(bundle / a) if (bundle / a).is_file() else a
-                for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
+        script, *own = [str(bundle / a) if (bundle / a).is_file() else a
+                        for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
+        model = words((bundle / MODEL_ARGS).read_text())
+        job_args = words(job.read_text()) if job and job.is_file() else []
         paths = {v: os.environ.get(v, f"<{v}>") for v in ("PCC_ROLLOUT_CHECKPOINT", "PCC_REF_LOAD")}
+        tail = ["--hf-checkpoint", paths["PCC_ROLLOUT_CHECKPOINT"], "--ref-load", paths["PCC_REF_LOAD"]]
+        if "PCC_TIS_FUNCTION" in launch.read_text():
+            tail += ["--custom-tis-function-path", os.environ.get("PCC_TIS_FUNCTION", "<PCC_TIS_FUNCTION>")]
+        bundle_flags = _flags(model + own + tail)
+        changed = overrides(bundle_flags, job_args, "job") + overrides(bundle_flags, extra, "command line")
         command = (["ray", "job", "submit", "--address", os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
-                    "--runtime-env-json", json.dumps({"env_vars": runtime_env}, sort_keys=True), "--", "python3"]
-                   + args + ["--hf-checkpoint", paths["PCC_ROLLOUT_CHECKPOINT"],
-                             "--ref-load", paths["PCC_REF_LOAD"]])
+                    "--runtime-env-json", json.dumps({"env_vars": runtime_env}, sort_keys=True), "--", "python3",
+                    script] + model + own + tail + job_args + extra)
         if dry_run:
             if as_json:
                 print(json.dumps({"command": command, "env": runtime_env, "cwd": os.environ.get("MILES_DIR"),
-                                  "launch": str(launch), "paths": {k: PATH_VARIABLES[k] for k in paths}}, indent=1))
+                                  "launch": str(launch), "paths": {k: PATH_VARIABLES[k] for k in paths},
+                                  "job": str(job) if job else None, "job_args": job_args, "extra_args": extra,
+                                  "overrides": changed}, indent=1))
             else:
                 print("# environment (sent to Ray as the job's runtime env)")
                 for k, v in runtime_env.items():
                     print(f"{k}={shlex.quote(v)}")
+                print(f"# job file: {shlex.quote(str(job)) if job else f'none (set {JOB_VARIABLE}, or write {JOB_FILE} beside the bundle)'}")
+                for o in changed:
+                    print(f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
+                          f"{o['bundle'] or '(no value)'}")
                 print(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
                 print(shlex.join(command))
             return 0
-        problems = missing(dict(os.environ))
+        problems = missing(env)
         if problems:
             print("error: cannot launch on Miles:", file=sys.stderr)
             for p in problems:
                 print(f"  - {p}", file=sys.stderr)
             return 1
-        return subprocess.call(["bash", str(launch)])
+        return subprocess.call(["bash", str(launch), *extra], env=env)
     finally:
         if tmp is not None:
             tmp.cleanup()

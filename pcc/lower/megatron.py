@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import yaml
 
-from pcc.lower import Lowered, target, unsupported
+from pcc.lower import Lowered, Unsupported, target, unsupported
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
 from pcc.resources import data_dir
@@ -248,10 +248,25 @@ def lower_megatron(plan: Plan) -> Lowered:
                          "module names are explicit (one glob per module, first match wins).")
         for var, rule in tab["recipe_env"].get(recipe, {}).items():
             scales = {plan.scheme("fprop", i).scale for i in modes}
-            if scales == {rule["when_scale"]}:
+            arch = hardware_table().get(plan.hardware("trainer") or "", {}).get("arch")
+            if arch in rule.get("by_arch", {}):
+                env[var] = rule["by_arch"][arch]
+                notes.append(f"{var}={env[var]}: Transformer Engine runs {recipe} on {arch} with power-of-two "
+                             "scales (Miles' default there too)")
+                if rule["when_scale"] in scales:
+                    out.caveats.append(Unsupported(
+                        f"Transformer Engine runs the {recipe} recipe on {plan.hardware('trainer')} ({arch}) "
+                        f"with power-of-two scales, not the plan's {rule['when_scale']} trainer scales", "PCC612",
+                        plan.decision("fprop", min(modes)).path, "write power-of-two scales for the trainer "
+                        "(e.g. 'scale pow2'), or train on hardware where TE keeps FP32 scales"))
+            elif scales == {rule["when_scale"]}:
                 env[var] = rule["value"]
                 notes.append(f"{var}={rule['value']}: the plan's {recipe} scales are {rule['when_scale']}, "
                              "not TE's default powers of two.")
+            elif "otherwise" in rule and rule["when_scale"] not in scales:
+                env[var] = rule["otherwise"]
+                notes.append(f"{var}={rule['otherwise']}: the plan's {recipe} scales are powers of two; "
+                             "set explicitly, since Miles would otherwise choose by GPU")
 
     group = _int4_group(plan, notes)
     if group:

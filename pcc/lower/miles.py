@@ -1,37 +1,69 @@
 """Miles: one launch that runs the Megatron trainer and the SGLang rollout over Ray.
 
-Miles takes Megatron's arguments as they are, SGLang's as `--sglang-<field>`,
-and its own for placement, sync, corrections and LoRA. The trainer's precision
-stays Megatron flags and environment (from the megatron target); the rollout's
-comes from the checkpoint the converter builds (`--hf-checkpoint`), whose
-`quantization_config` decides how every weight sync quantizes.
+Miles takes Megatron's arguments as they are, SGLang's as `--sglang-<field>` (except the
+fields it owns: targets/miles.yaml `sglang_owned`), and its own for placement, sync,
+corrections and LoRA. The trainer's precision stays Megatron flags and environment (from
+the megatron target); the model's architecture is Megatron flags generated from its config
+(pcc/lower/miles_arch.py, the bundle's miles/model_args.txt); the rollout's precision comes
+from the checkpoint the converter builds (`--hf-checkpoint`), whose `quantization_config`
+decides how every weight sync quantizes. The job itself (data, batch sizes, rollout lengths)
+is the user's: `miles/launch.sh` passes a job file and its own arguments through after the
+bundle's (docs/miles.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 
+import yaml
+
 from pcc.lower import Lowered, Unsupported, lower, module_leaf, target
+from pcc.lower.checkpoint_config import rollout_layout
+from pcc.lower.miles_arch import architecture
 from pcc.plan import Plan
+from pcc.plan.capabilities import hardware_table
+from pcc.resources import data_dir
 
 BUFFER_BYTES = 512 << 20  # Miles' default --update-weight-buffer-size
 TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk": "disk-delta"}
-# SGLang arguments Miles sets itself (placement and the model path).
-NOT_PASSED_THROUGH = {"--model-path", "--tp-size", "--ep-size", "--dp-size"}
+MODEL_ARGS = "miles/model_args.txt"
+# The job file: Miles flags, one per line. PCC_MILES_JOB names it; unset, launch.sh reads
+# the file `job` in the directory that holds the bundle; set and empty, none.
+JOB_VARIABLE = "PCC_MILES_JOB"
+JOB_FILE = "job"
 
 
-def _sglang_passthrough(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if a in NOT_PASSED_THROUGH:
-            skip = i + 1 < len(args) and not args[i + 1].startswith("--")
-            continue
-        out.append("--sglang-" + a[2:] if a.startswith("--") else a)
-    return out
+@functools.cache
+def tables() -> dict:
+    with open(data_dir("targets") / "miles.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def owned_sglang_fields() -> frozenset[str]:
+    """SGLang server fields a Miles launch never passes as --sglang-<field> (Miles sets them)."""
+    owned = tables()["sglang_owned"]
+    return frozenset(owned["refused"]) | frozenset(owned["overridden"])
+
+
+def _sglang_passthrough(args: list[str]) -> tuple[list[str], list[str]]:
+    """SGLang's arguments as Miles' --sglang-<field> ones, and the flags left to Miles."""
+    owned = owned_sglang_fields()
+    out: list[str] = []
+    dropped: list[str] = []
+    i = 0
+    while i < len(args):
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        flag = args[i]
+        if flag[2:].replace("-", "_") in owned:
+            dropped.append(flag)
+        else:
+            out += ["--sglang-" + flag[2:], *args[i + 1:j]]
+        i = j
+    return out, dropped
 
 
 def miles_args(plan: Plan) -> tuple[str, list[str], list[str]]:
@@ -65,12 +97,16 @@ def miles_args(plan: Plan) -> tuple[str, list[str], list[str]]:
                      "PCC_TIS_FUNCTION, the --custom-tis-function-path that implements it")
     if c.routing_replay == "r3":
         args.append("--use-rollout-routing-replay")
+        notes.append("--use-rollout-routing-replay: Miles also makes SGLang return the routed experts "
+                     "(it owns enable_return_routed_experts; --sglang-enable-return-routed-experts is refused)")
     elif c.routing_replay == "r2":
         args.append("--use-routing-replay")
     t = c.trainable
     if t.kind == "lora":
         mods, wider = lora_modules(plan)
         args += ["--lora-rank", str(t.rank), "--lora-alpha", f"{t.alpha:g}", "--target-modules", ",".join(mods)]
+        notes.append("--lora-rank/--target-modules: Miles configures SGLang's LoRA from these (enable_lora, "
+                     "max_lora_rank, lora_target_modules are its own)")
         if wider:
             notes.append(f"Miles matches LoRA targets by module name: {', '.join(mods)} also names "
                          f"{wider} operator(s) outside the contract's targets")
@@ -107,14 +143,50 @@ def _flag_lines(args: list[str], bundle_files: set[str]) -> list[str]:
     return out
 
 
+def model_args_file(plan: Plan) -> tuple[str, list[str], str]:
+    """(miles/model_args.txt, its flags, why there are none). One flag with its values per
+    line; launch.sh splits each line on blanks, and skips blank lines and '#' comments."""
+    arch, gap = architecture(plan.catalog.config, tables())
+    head = [f"# Megatron architecture flags of model {plan.catalog.name}, generated by pcc from its config",
+            "# (what Miles' scripts/models/<model>.py gives its launchers). launch.sh passes them first:",
+            "# a flag the job file or the command line sets again takes the later value."]
+    if arch is None:
+        return "\n".join(head + [f"# none: {gap}; give the architecture in the job file"]) + "\n", [], gap
+    body = [" ".join(line) for line in arch.lines]
+    return "\n".join(head + [f"# {n}" for n in arch.notes] + body) + "\n", arch.args, ""
+
+
+def _engine_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
+    """Warnings for low-precision modes Miles does not run on the contract's AMD GPUs."""
+    table, hw = tables()["engine_support"], hardware_table()
+    out = []
+    recipe = next((mega.args[i + 1] for i, a in enumerate(mega.args) if a in ("--fp8-recipe", "--fp4-recipe")),
+                  "int4_qat" if "OPEN_TRAINING_INT4_FAKE_QAT_FLAG" in mega.env else None)
+    for side, mode in (("trainer", recipe), ("rollout", rollout_layout(plan))):
+        name = plan.hardware(side) or ""
+        arch = hw.get(name, {}).get("arch")
+        if arch not in table or mode in (None, "wide") or mode in table[arch][side]:
+            continue
+        runs = ", ".join(table[arch][side]) or "BF16 only"
+        out.append(Unsupported(
+            f"Miles runs no {mode} {side} on {name} ({arch}): its AMD recipes run {runs} there "
+            "(targets/miles.yaml engine_support); the GPU's own formats (targets/hardware.yaml) are another "
+            "fact", "PCC612", side, "run this contract on NVIDIA hardware for Miles, or keep that side BF16"))
+    return out
+
+
 @target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel", "trainer.parallel"))
 def lower_miles(plan: Plan) -> Lowered:
     mega = lower(plan, "megatron")
     roll = lower(plan, "sglang")
     script, own, notes = miles_args(plan)
-    args = mega.args + own + _sglang_passthrough(roll.args)
+    sglang, dropped = _sglang_passthrough(roll.args)
+    if dropped:
+        notes.append(f"left to Miles, which sets them itself (targets/miles.yaml sglang_owned): {', '.join(dropped)}")
+    args = mega.args + own + sglang
     env = dict(sorted({**mega.env, **roll.env}.items()))
     runtime_env = json.dumps({"env_vars": env}, indent=1, sort_keys=True) + "\n"
+    model_text, _, gap = model_args_file(plan)
     quoted = " \\\n  ".join(_flag_lines(args, set(mega.files) | set(roll.files)))
     custom = plan.contract.correction.kind not in ("none", "tis")
     need_tis = (f': "${{PCC_TIS_FUNCTION:?correction {plan.contract.correction.kind} needs its '
@@ -122,27 +194,68 @@ def lower_miles(plan: Plan) -> Lowered:
     tis_arg = ' \\\n  --custom-tis-function-path "$PCC_TIS_FUNCTION"' if custom else ""
     launch = f"""#!/usr/bin/env bash
 # Generated by pcc from contract {shlex.quote(plan.contract.name)}: the Miles launch (Megatron + SGLang over Ray).
+# Usage: miles/launch.sh [MILES ARGS...]
+# Miles gets, in this order: the architecture (miles/model_args.txt), the contract's flags, the
+# checkpoints, the job file, then MILES ARGS. Where two set the same flag, the later wins.
+# The job file holds the job (data, batch sizes, lengths...): Miles flags, one per line, '#'
+# comments; ${JOB_VARIABLE} names it, else it is the file '{JOB_FILE}' beside this bundle.
 set -euo pipefail
 here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 bundle="$(dirname "$here")"
 : "${{PCC_ROLLOUT_CHECKPOINT:?set it to the rollout checkpoint (pcc convert builds it)}}"
 : "${{PCC_REF_LOAD:?set it to the BF16 trainer weights}}"
 : "${{MILES_DIR:?set it to a Miles checkout}}"
-{need_tis}cd "$MILES_DIR"
+{need_tis}_words() {{  # the blank-separated words of file $1; blank lines and '#' comment lines skipped
+  local line w
+  _out=()
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    read -ra w <<<"$line"
+    if (( ${{#w[@]}} )) && [[ "${{w[0]}}" != \\#* ]]; then _out+=("${{w[@]}}"); fi
+  done <"$1"
+}}
+_words "$here/model_args.txt"
+model=(${{_out[@]+"${{_out[@]}}"}})
+job="${{{JOB_VARIABLE}-$(dirname "$bundle")/{JOB_FILE}}}"
+if [[ -n "${{{JOB_VARIABLE}:-}}" && ! -f "${JOB_VARIABLE}" ]]; then
+  echo "error: {JOB_VARIABLE}=${JOB_VARIABLE}: no such file" >&2
+  exit 2
+fi
+_out=()
+if [[ -n "$job" && -f "$job" ]]; then _words "$job"; fi
+jobargs=(${{_out[@]+"${{_out[@]}}"}})
+cd "$MILES_DIR"
 exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
   --runtime-env-json "$(cat "$here/runtime-env.json")" \\
   -- python3 {script} \\
+  ${{model[@]+"${{model[@]}}"}} \\
   {quoted} \\
   --hf-checkpoint "$PCC_ROLLOUT_CHECKPOINT" \\
-  --ref-load "$PCC_REF_LOAD"{tis_arg}
+  --ref-load "$PCC_REF_LOAD"{tis_arg} \\
+  ${{jobargs[@]+"${{jobargs[@]}}"}} "$@"
 """
     files = {"miles/args.txt": "\n".join([script] + args) + "\n", "miles/runtime-env.json": runtime_env,
-             "miles/launch.sh": launch}
+             MODEL_ARGS: model_text, "miles/launch.sh": launch}
     caveats = []
-    if plan.contract.sync.activation == "eager":
+    c = plan.contract
+    if c.sync.activation == "eager":
         caveats.append(Unsupported(
             "Miles pauses generation, installs the whole update and then resumes, so a version activates "
             "atomically there; 'activation eager' is honoured by the embedded runtime only", "PCC612",
             "sync.activation", "write 'activation atomic', or run the contract on the embedded runtime"))
+    if "experts" in c.rollout.record and c.routing_replay != "r3":
+        caveats.append(Unsupported(
+            "Miles makes SGLang return routed experts only with --use-rollout-routing-replay (it owns "
+            "enable_return_routed_experts), so 'record experts' is honoured by the embedded runtime only",
+            "PCC612", "rollout.record", "write 'routing replay rollout', or drop 'experts' from 'record'"))
+    if c.rollout.parallel.dp > 1 and "--sglang-enable-dp-attention" not in sglang:
+        caveats.append(Unsupported(
+            f"Miles runs SGLang with dp {c.rollout.parallel.dp} only with DP attention (it asserts "
+            "--sglang-enable-dp-attention when --sglang-dp-size > 1)", "PCC612", "rollout.parallel",
+            "add --sglang-enable-dp-attention to the job file, or use 'dp 1'"))
+    if gap:
+        caveats.append(Unsupported(
+            f"Miles needs the model's architecture as Megatron flags, and {gap}", "PCC612", "model",
+            "give them in the Miles job file (docs/miles.md)"))
+    caveats += _engine_support(plan, mega)
     return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
                    caveats=caveats)

@@ -48,7 +48,9 @@ def register(sub) -> None:
     s.add_argument("--inject-fault", metavar="KIND:VERSION:TENSOR",
                    help="fault injection: drop or corrupt one tensor of one version's transfer")
     s.add_argument("--crash-at", type=int, metavar="STEP", help="fault injection: crash in STEP, after its rollout")
-    s.set_defaults(fn=cmd_run)
+    s.set_defaults(fn=cmd_run, passthrough=[])
+    s.epilog = "pcc run BUNDLE --target miles [--dry-run] -- ARGS...: ARGS go to the launcher (Miles' own flags)"
+    _pass_through(s)
 
     e = sub.add_parser("experiment", help="controlled experiments on the embedded runtime")
     esub = e.add_subparsers(dest="experiment", required=True)
@@ -57,6 +59,21 @@ def register(sub) -> None:
     _common(t)
     t.add_argument("--steps", type=int, default=4)
     t.set_defaults(fn=cmd_trainer_variants)
+
+
+def _pass_through(s) -> None:
+    """`pcc run ... -- ARGS...`: what follows the first `--` is the launcher's (args.passthrough),
+    never parsed here. argparse alone cannot take options after a positional and a `--`."""
+    parse = s.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
+        ns, rest = parse(args[:cut], namespace)
+        ns.passthrough = args[cut + 1:]
+        return ns, rest
+
+    s.parse_known_args = parse_known_args
 
 
 def _config(args):
@@ -112,6 +129,9 @@ def _run_embedded(args, rep) -> int:
 
     if args.dry_run:
         raise rep.usage("--dry-run: the embedded target runs here and launches nothing; use --target miles")
+    if args.passthrough:
+        raise rep.usage("arguments after '--' go to a launcher target (--target miles); the embedded runtime "
+                        "takes none")
     from .loop import InjectedCrash
     from .plots import PlotError
     from .report import render
