@@ -27,7 +27,7 @@ E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5,
 
 def _quantized_by_deepseek(name: str) -> bool:
     """DeepSeek-V3 stores every linear of the decoder layers in FP8 but the router; embed, lm_head, norms BF16."""
-    return ".layers." in name and name.endswith("_proj.weight")
+    return ".layers." in name and name.endswith(".weight") and "_proj" in name.rsplit(".", 2)[-2]
 
 
 def _fp8_block_by_hand(w: np.ndarray, r: int = 128, c: int = 128):
@@ -241,6 +241,35 @@ def test_compile_model_from_a_block_fp8_directory(fp8, tmp_path, capsys):
     assert q[: -len("weight")] + "weight_scale_inv" not in out
     assert _same_bytes(out[e], source[e]) and _same_bytes(out[e + "_scale_inv"], source[e + "_scale_inv"])
     _verify(bundle, dst, src, capsys)
+
+
+TINY_DEEPSEEK = dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=96, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=4, q_lora_rank=192, kv_lora_rank=160,
+                     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=8,
+                     num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1, vocab_size=512,
+                     num_nextn_predict_layers=0, max_position_embeddings=512)
+
+
+def test_deepseek_v3_names_mla_shared_experts_and_a_dense_layer(tmp_path, capsys):
+    """DeepSeek-V3's own config and tensor names, shrunk: MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b), a dense
+    first layer, shared experts; every FP8 linear copied bit for bit, or dequantized to BF16."""
+    src = tmp_path / "ds"
+    values = make_block_fp8(src, "deepseek_v3", **TINY_DEEPSEEK)
+    assert "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in values
+    assert "model.layers.1.mlp.shared_experts.down_proj.weight" in values
+    fp8 = _contract(tmp_path, "ds", "linear : fp8_block\n    keep bf16 : embed, lm_head, router, norm", model="deepseek_v3")
+    fp8.write_text(fp8.read_text().replace("model deepseek_v3", f'model from "{src}"'))
+    _convert(fp8, src, tmp_path / "fp8", capsys)
+    source, out = _load(src), _load(tmp_path / "fp8")
+    assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
+    _verify(fp8, tmp_path / "fp8", src, capsys)
+    wide = _contract(tmp_path, "dsw", "linear : bf16", model="deepseek_v3")
+    wide.write_text(wide.read_text().replace("model deepseek_v3", f'model from "{src}"'))
+    _convert(wide, src, tmp_path / "wide", capsys)
+    out = _load(tmp_path / "wide")
+    for name, want in values.items():
+        assert torch.equal(out[name], torch.from_numpy(want).to(torch.bfloat16)), name
+    _verify(wide, tmp_path / "wide", src, capsys)
 
 
 def test_partial_edge_blocks_and_ue8m0_scales(tmp_path, capsys):
