@@ -5,7 +5,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from pcc.bundle import write_bundle
+from pcc.bundle import read_bundle, write_bundle
 from pcc.cli import main
 from pcc.plan import compile_file
 
@@ -46,3 +46,78 @@ def test_missing_pieces_are_named(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     for what in ("ray is not on PATH", "PCC_ROLLOUT_CHECKPOINT", "PCC_REF_LOAD", "MILES_DIR"):
         assert what in err
+
+
+def _fake_ray(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "ray").write_text('#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n')
+    (fake / "ray").chmod(0o755)
+    (tmp_path / "train.py").write_text("")
+    return fake
+
+
+def test_dry_run_takes_job_file_and_arguments_after_the_bundle(tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/unified_fp8.prec")).plan, bundle)
+    (tmp_path / "job").write_text("# job\n--rollout-batch-size 32\n--num-layers 4\n")
+    monkeypatch.delenv("PCC_MILES_JOB", raising=False)
+    assert main(["run", str(bundle), "--target", "miles", "--dry-run", "--json", "--", "--num-rollout", "3",
+                 "--tis-clip", "1.5"]) == 0
+    out = json.loads(capsys.readouterr().out)["result"]
+    cmd = out["command"]
+    assert cmd[-8:] == ["--rollout-batch-size", "32", "--num-layers", "4", "--num-rollout", "3", "--tis-clip", "1.5"]
+    assert cmd[cmd.index("python3") + 1:cmd.index("python3") + 4] == ["train.py", "--num-layers", "48"]
+    assert out["job"] == str(tmp_path / "job") and out["extra_args"] == ["--num-rollout", "3", "--tis-clip", "1.5"]
+    assert {(o["flag"], o["bundle"], o["now"], o["from"]) for o in out["overrides"]} == {
+        ("--num-layers", "48", "4", "job")}
+    read_bundle(bundle)  # nothing in the bundle changed
+
+
+def test_dry_run_text_names_the_job_file_and_what_it_overrides(tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/bf16_baseline.prec")).plan, bundle)
+    monkeypatch.setenv("PCC_MILES_JOB", str(tmp_path / "my.job"))
+    (tmp_path / "my.job").write_text("--tensor-model-parallel-size 2\n")
+    assert main(["run", str(bundle), "--target", "miles", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"# job file: {tmp_path / 'my.job'}" in out
+    assert "# --tensor-model-parallel-size: the job sets 2 over the bundle's 4" in out
+    assert out.strip().splitlines()[-1].endswith("--tensor-model-parallel-size 2")
+
+
+def test_run_passes_arguments_to_launch_sh(tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/unified_fp8.prec")).plan, bundle)
+    fake = _fake_ray(tmp_path)
+    for k, v in {"PATH": f"{fake}:{os.environ['PATH']}", "PCC_ROLLOUT_CHECKPOINT": "/ckpt", "PCC_REF_LOAD": "/ref",
+                 "MILES_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PCC_MILES_JOB", raising=False)
+    (tmp_path / "job").write_text("--rollout-batch-size 32\n")
+    argv = []
+
+    def call(cmd, env=None):
+        argv.extend(json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout))
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", call)
+    assert main(["run", str(bundle), "--target", "miles", "--", "--num-rollout", "3", "--wandb-run-name", "a b"]) == 0
+    assert argv[-6:] == ["--rollout-batch-size", "32", "--num-rollout", "3", "--wandb-run-name", "a b"]
+
+
+def test_a_launched_contract_takes_the_job_file_beside_it(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    contract = tmp_path / "c.prec"
+    shutil.copy(ROOT / "contracts/bf16_baseline.prec", contract)
+    (tmp_path / "job").write_text("--rollout-batch-size 16\n")
+    monkeypatch.delenv("PCC_MILES_JOB", raising=False)
+    assert main(["run", str(contract), "--target", "miles", "--dry-run", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["result"]
+    assert out["job"] == str(tmp_path / "job") and out["command"][-2:] == ["--rollout-batch-size", "16"]
+
+
+def test_the_embedded_runtime_takes_no_launcher_arguments(capsys):
+    assert main(["run", str(ROOT / "contracts/tiny_cpu.prec"), "--", "--rollout-batch-size", "32"]) == 2
+    assert "--target miles" in capsys.readouterr().err
