@@ -270,9 +270,46 @@ class Encoded:
     enc: Encoding
     parts: dict  # role -> torch tensor
 
-    def dequantize(self):
-        """float32 [N, K]: each code times its scale(s), the exact product rounded once."""
-        return _DECODE[self.enc.kind](self.enc, self.parts)
+    def dequantize(self, dtype=None):
+        """[N, K] in `dtype` (float32 by default): each code times its scale(s), the exact product rounded
+        once to float32 (then, for another dtype, to it). Computed in row chunks of about a million
+        elements, so the only full-size tensor is the result. NaN or inf (from the source's codes or
+        scales) is a ConvertError naming the tensor."""
+        import torch
+
+        n, k = self.enc.shape
+        out = torch.empty(n, k, dtype=dtype or torch.float32)
+        for r0, r1, v in _DECODE[self.enc.kind](self.enc, self.parts):
+            if not finite(v):
+                bad = (~torch.isfinite(v)).nonzero()[0].tolist()
+                raise ConvertError(f"{self.enc.name}: NaN or inf in its dequantized value at [{r0 + bad[0]}, {bad[1]}] "
+                                   f"(the source's {self.enc.kind} codes or scales)")
+            out[r0:r1] = v
+        return out
+
+
+def finite(t) -> bool:
+    """All finite? Read in cache-sized chunks with numpy (several times faster than torch.isfinite on CPU);
+    BF16 and FP16 by their exponent bits."""
+    import numpy as np
+    import torch
+
+    if not t.is_floating_point():
+        return True
+    mask = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}.get(t.dtype)
+    if mask is None and t.dtype not in (torch.float32, torch.float64):
+        return bool(torch.isfinite(t.float()).all())
+    flat = t.reshape(-1)
+    a = flat.view(torch.int16).numpy() if mask is not None else flat.numpy()
+    step = 1 << 20
+    for i in range(0, a.size, step):
+        c = a[i:i + step]
+        if mask is not None:
+            if ((c & mask) == mask).any():
+                return False
+        elif not np.isfinite(c).all():
+            return False
+    return True
 
 
 def read(src, enc: Encoding) -> Encoded:
@@ -308,73 +345,72 @@ def _times_blocks(v, scales, r0: int, block: tuple[int, int]):
     return v
 
 
-def _fp8_block(enc: Encoding, p: dict):
+_E4M3_TABLE = []
+
+
+def _e4m3(codes):
+    """float8_e4m3fn codes -> float32 values (a 256-entry table; index_select with int32 indices is about
+    twice as fast on CPU as a take with int64 ones)."""
     import torch
 
-    from pcc.numerics.formats import decode_fp8
+    if not _E4M3_TABLE:
+        _E4M3_TABLE.append(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
+    idx = codes.contiguous().view(torch.uint8).reshape(-1).int()
+    return torch.index_select(_E4M3_TABLE[0], 0, idx).view(codes.shape)
 
-    n, k = enc.shape
+
+def _fp8_block(enc: Encoding, p: dict):
     codes, scales = p["weight"], p["scale"].float()
-    out = torch.empty(n, k, dtype=torch.float32)
+    n, k = enc.shape
     for r0, r1 in _rows_by(n, k, enc.block[0]):
-        out[r0:r1] = _times_blocks(decode_fp8(codes[r0:r1]), scales, r0, enc.block)
-    return out
+        yield r0, r1, _times_blocks(_e4m3(codes[r0:r1]), scales, r0, enc.block)
 
 
 def _fp8_tensor(enc: Encoding, p: dict):
-    from pcc.numerics.formats import decode_fp8
+    scale = p["scale"].float().reshape(())
+    n, k = enc.shape
+    for r0, r1 in _rows_by(n, k, 1):
+        yield r0, r1, _e4m3(p["weight"][r0:r1]).mul_(scale)
 
-    return decode_fp8(p["weight"]).mul_(p["scale"].float().reshape(()))
 
-
-def _e2m1_times(enc: Encoding, packed, scales):
-    """Packed E2M1 rows [N, K/2] x per-group float32 scales [N, K/G] -> float32 [N, K] (products exact)."""
-    import torch
-
+def _e2m1_times(enc: Encoding, packed, scales, outer=None):
+    """Packed E2M1 rows [N, K/2] x per-group float32 scales [N, K/G] (x `outer`) -> float32 row chunks.
+    e2m1 x (e4m3 or a power of two) is exact in float32; x `outer` rounds once."""
     from pcc.numerics.formats import decode_e2m1
     from pcc.numerics.packing import unpack_e2m1x2
 
     n, k = enc.shape
-    out = torch.empty(n, k, dtype=torch.float32)
     for r0, r1 in _rows_by(n, k, 1):
-        out[r0:r1] = _times_blocks(decode_e2m1(unpack_e2m1x2(packed[r0:r1], k)), scales, r0, enc.block)
-    return out
+        v = _times_blocks(decode_e2m1(unpack_e2m1x2(packed[r0:r1], k)), scales, r0, enc.block)
+        yield r0, r1, v if outer is None else v.mul_(outer)
 
 
 def _nvfp4(enc: Encoding, p: dict):
-    from pcc.numerics.formats import decode_fp8
-
-    # (e2m1 x e4m3) has at most 6 significant bits, so it is exact in float32; x scale_2 rounds once.
-    v = _e2m1_times(enc, p["weight"], decode_fp8(p["scale"]))
-    return v.mul_(p["scale_2"].float().reshape(()))
+    return _e2m1_times(enc, p["weight"], _e4m3(p["scale"]), p["scale_2"].float().reshape(()))
 
 
 def _mxfp4(enc: Encoding, p: dict):
-    from pcc.numerics.formats import decode_e8m0
-
     import torch
 
+    from pcc.numerics.formats import decode_e8m0
+
     n, k = enc.shape
-    scales = decode_e8m0(p["scale"].view(torch.uint8).reshape(n, k // 32))  # byte 255 -> NaN, caught downstream
+    scales = decode_e8m0(p["scale"].view(torch.uint8).reshape(n, k // 32))  # byte 255 -> NaN, caught as such
     return _e2m1_times(enc, p["weight"].reshape(n, k // 2), scales)
 
 
 def _int4(enc: Encoding, p: dict):
-    import torch
-
     from pcc.numerics.packing import unpack_int32x8
 
     n, k = enc.shape
     g = enc.block[1]
     scales = p["scale"].float()
     zp = unpack_int32x8(p["zero_point"], n, dim=0).float() if "zero_point" in p else None
-    out = torch.empty(n, k, dtype=torch.float32)
     for r0, r1 in _rows_by(n, k, 1):
         q = unpack_int32x8(p["weight"][r0:r1], k).float()
         if zp is not None:  # q - zp: an integer of at most 5 bits, exact; x scale then rounds once
             q.sub_(zp[r0:r1].repeat_interleave(g, 1)[:, :k])
-        out[r0:r1] = _times_blocks(q, scales, r0, enc.block)
-    return out
+        yield r0, r1, _times_blocks(q, scales, r0, enc.block)
 
 
 _DECODE = {"fp8_block": _fp8_block, "fp8_tensor": _fp8_tensor, "nvfp4": _nvfp4, "mxfp4": _mxfp4, "int4": _int4}
@@ -445,12 +481,28 @@ def _check_copied(enc: Encoding, out: dict) -> None:
     import torch
 
     for name, t in out.items():
-        if t.is_floating_point() and t.dtype != torch.float8_e4m3fn and not bool(torch.isfinite(t).all()):
+        if t.dtype != torch.float8_e4m3fn and not finite(t):
             raise ConvertError(f"{enc.name}: source scale {name} holds NaN or inf")
-        if t.dtype == torch.float8_e4m3fn and bool(((t.view(torch.uint8) & 0x7F) == 0x7F).any()):
+        if t.dtype == torch.float8_e4m3fn and _has_e4m3_nan(t):
             raise ConvertError(f"{enc.name}: {name} holds NaN codes")
     if enc.kind == "mxfp4" and bool((list(out.values())[1] == 255).any()):
         raise ConvertError(f"{enc.name}: E8M0 scale byte 255 (NaN)")
+
+
+def _has_e4m3_nan(t) -> bool:
+    """Any E4M3 NaN byte (0x7F, 0xFF)? In cache-sized chunks: as fast as reading the bytes (a whole-tensor
+    mask was most of the time of a bit-for-bit copy)."""
+    import numpy as np
+
+    a = t.reshape(-1).view(__import__("torch").uint8).numpy()
+    step = 1 << 20
+    buf = np.empty(min(a.size, step), np.uint8)
+    for i in range(0, a.size, step):
+        c = a[i:i + step]
+        m = np.bitwise_and(c, 0x7F, out=buf[: c.size])
+        if (m == 0x7F).any():
+            return True
+    return False
 
 
 def rollout_of(plan, i: int, loaded) -> dict:
@@ -466,13 +518,12 @@ def rollout_of(plan, i: int, loaded) -> dict:
     t = tensor_targets(plan, i)
     if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]):
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])
-    x = loaded.dequantize()
     if t["layout"] == "wide":
         import torch
 
         (name, want), = t["targets"].items()
-        return {name: x.to(getattr(torch, want["dtype"]))}
-    return rollout_tensors(plan, i, x)
+        return {name: loaded.dequantize(getattr(torch, want["dtype"]))}
+    return rollout_tensors(plan, i, loaded.dequantize())
 
 
 def read_small_int(path: Path, data_start: int, entry: dict) -> list[int]:

@@ -240,8 +240,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
     except ConvertError as err:
         raise ConvertError(f"{file}: {err}") from None
     if isinstance(tensor, Encoded):
-        if len(pieces) == 1:  # kept wide: the BF16 rounding of the dequantized value
-            _check_finite(next(iter(pieces.values())), it["source"], file)
+        pass  # dequantized values are checked finite as they are computed, copied scales as they are copied
     elif len(pieces) == 1 and next(iter(pieces.values())) is tensor:
         _check_finite(tensor, it["source"], file)
     elif src.entries[it["source"]]["dtype"] not in _WIDE_SOURCE:
@@ -271,7 +270,9 @@ def _fused_shape(plan, it: dict, name: str) -> list[int]:
 def _check_finite(tensor, name: str, file: Path) -> None:
     import torch
 
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+    from pcc.convert.quantized import finite
+
+    if tensor.is_floating_point() and not finite(tensor):
         bad = (~torch.isfinite(tensor)).nonzero()[0].tolist()
         raise ConvertError(f"{file}: {name} holds NaN or inf (first at index {bad})")
 
