@@ -503,3 +503,38 @@ def test_mxfp4_source_in_the_gpt_oss_layout(wide_moe, tmp_path, capsys):
         name = f"{base}.6.{proj}.weight"
         assert torch.equal(out[name], torch.from_numpy(np.ascontiguousarray(value[6, rows])).to(torch.bfloat16)), name
     _verify(wide, tmp_path / "wide", src, capsys)
+
+
+def test_per_tensor_fp8_source(wide_moe, tmp_path, capsys):
+    """`P.weight` F8_E4M3 + `P.weight_scale` F32 [] (quant_method fp8 without blocks): copied into an FP8
+    per-tensor rollout, dequantized as code x scale for BF16."""
+    contract = _contract(tmp_path, "fp8t", "linear : fp8_tensor\n    keep bf16 : embed, lm_head, router, norm")
+    src = tmp_path / "fp8t-src"
+    _convert(contract, wide_moe, src, capsys)
+    source = _load(src)
+    assert "weight_block_size" not in json.loads((src / "config.json").read_text())["quantization_config"]
+    dst = tmp_path / "same"
+    _convert(contract, src, dst, capsys)
+    out = _load(dst)
+    assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
+    _verify(contract, dst, src, capsys)
+    wide = _contract(tmp_path, "wide", "linear : bf16")
+    _convert(wide, src, tmp_path / "wide", capsys)
+    out = _load(tmp_path / "wide")
+    p = "model.layers.0.self_attn.v_proj"
+    codes = source[p + ".weight"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    value = codes * source[p + ".weight_scale"].numpy()
+    assert torch.equal(out[p + ".weight"], torch.from_numpy(value).to(torch.bfloat16))
+
+
+def test_a_compressed_tensors_format_it_does_not_read(tmp_path, capsys):
+    wide = tmp_path / "wide_src"
+    make_checkpoint(wide, "tiny_dense")
+    contract = write_contract(tmp_path, "int4")
+    src = tmp_path / "ct"
+    _convert(contract, wide, src, capsys)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["format"] = "nvfp4-pack-quantized"
+    (src / "config.json").write_text(json.dumps(config))
+    err = _fail(contract, src, tmp_path / "dst", capsys)
+    assert "nvfp4-pack-quantized" in err and "config.json" in err
