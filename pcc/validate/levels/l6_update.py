@@ -54,9 +54,9 @@ def _sized(ctx, o: Outcome, version: int, tokens, p, mask, t0, s0):
     change), and twice the same-version mean |dlogp| on these tokens. A quantized engine's response to
     a change carries rounding noise of about that size (the change flips quantization codes and BF16
     roundings), so with observed = predicted + noise, |predicted| >= 2 |noise| keeps the change cosine of
-    a fully active update near 2/sqrt(5) = 0.89, clear of the 0.5 bound. Sized at 2e-3 alone, the NVFP4
-    and MXFP4 contracts' cosine ranged 0.01-0.91 with the seed (so with the machine's arithmetic);
-    with the floor 0.88-1.0 (docs/validate.md, bench/runtime.py --validate)."""
+    a fully active update near 2/sqrt(5) = 0.89, clear of the 0.5 bound. Sized at 2e-3 alone, qwen38's
+    and k3's cosine was -0.01 to 0.85 over one-ulp perturbations of the warm start (another machine's
+    rounding); with the floor 0.96-1.0 (docs/validate.md, "How stable the figures are")."""
     replay = s0.routes if ctx.plan.contract.routing_replay != "none" and s0.routes else None
     eps, floor = ctx.cfg.perturbation, max(2e-3, 2 * _mean((t0 - s0.logp) * mask, mask))
     for _ in range(4):
