@@ -30,8 +30,8 @@ def tensor_targets(plan: Plan, i: int) -> dict:
         if plan.scheme("rollout", i).format == "mxfp4" and not op.family.startswith("experts."):
             unsupported("PCC307", f"{op.tensor}: SGLang's mxfp4 checkpoint layout holds routed experts only",
                         path, hint="restrict the rule to 'experts.*'")
-        if len(op.shape) == 2 and op.shape[1] % 32 == 0 and layout_of(plan.scheme("rollout", i)) is None:
-            rollout_layout(plan)  # raises PCC608 for the scheme
+        if layout_of(plan.scheme("rollout", i)) is None:
+            rollout_layout(plan)  # raises PCC608 on the rule whose scheme has no layout
         unsupported("PCC206", f"{op.tensor}: no rollout checkpoint layout quantizes a tensor of shape "
                     f"{list(op.shape)} this way", path, hint="keep this tensor wide")
     return t
