@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pcc.contract.scheme import Grouping, Scheme  # noqa: F401 (re-exported)
+from pcc.contract.scheme import Scheme
 
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]

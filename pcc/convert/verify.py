@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pcc.convert import ConvertError
 from pcc.convert.contract import config_of, load_plan
 from pcc.convert.shards import ST_DTYPES
 from pcc.convert.source import open_source
@@ -181,8 +180,6 @@ def _scales_invalid(layout: str, written: dict) -> str | None:
 
 def _out_of_bound(plan, i: int, layout: str, written: dict, x) -> str | None:
     """|dequantized - source| within the element format's rounding (plus saturation at the top)."""
-    import torch
-
     from pcc.numerics import Quantized
     from pcc.numerics.packing import unpack_int32x8
 

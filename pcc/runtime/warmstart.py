@@ -268,4 +268,4 @@ def warm_start(arch: Arch, task: ReverseTask, seed: int, recipe: dict | None = N
 
 
 __all__ = ["RECIPE", "DEFAULTS", "warm_start", "quality", "held_out", "cache_dir", "cache_key", "code_hash",
-           "CacheWarning", "WarmStartError", "math"]
+           "CacheWarning", "WarmStartError"]

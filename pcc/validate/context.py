@@ -21,7 +21,7 @@ from pcc.runtime.trainer import Trainer
 from pcc.runtime.warmstart import RECIPE, warm_start
 
 from .engine import Engine, Version
-from .local import LocalEngine, LocalTrainer
+from .local import LocalTrainer
 
 
 @dataclass

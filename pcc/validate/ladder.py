@@ -123,7 +123,7 @@ def _finish(target, engine, model, out: Path, results: list[LevelResult], doc: d
         report["plots"] = plot(report, out)
     write_json(out / "report.json", report)
     text = markdown(report)
-    tmp = out / f".report.md.tmp"
+    tmp = out / ".report.md.tmp"
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(out / "report.md")
     return report

@@ -200,8 +200,8 @@ def test_stochastic_rounding_is_unbiased():
 
 def test_packed_codes_round_trip_shapes():
     x = torch.randn(7, 45)
-    for preset, cols in (("mxfp4", 23), ("nvfp4", 23), ("int4_g32", 6)):
-        q = quantize(x, preset)
+    for name, cols in (("mxfp4", 23), ("nvfp4", 23), ("int4_g32", 6)):
+        q = quantize(x, name)
         assert q.codes.shape == (7, cols)
         unpacked = Scheme.model_validate({**q.scheme.model_dump(), "packing": None})
         assert torch.equal(q.dequantize(), quantize(x, unpacked).dequantize())
