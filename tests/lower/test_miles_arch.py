@@ -114,10 +114,11 @@ LLAMA31_8B = {  # scripts/models/llama3.1-8B-Instruct.py (Miles has no Llama-3-8
     "--untie-embeddings-and-output-weights": True,
 }
 
-# RoPE fields the built-in catalogs (pcc/models/configs/*.json) leave out of the published
-# config.json, with the values the published files carry (the same Miles' scripts set above):
-# DeepSeek-V3 and Kimi-K2-Instruct rope_theta and YaRN rope_scaling; GLM-5 rope_theta as Miles'
-# GLM-5 script sets it; Llama-3.1-8B's llama3 rope_scaling (pcc catalogs Llama-3-8B, which has none).
+# RoPE as the published config.json files carry it (read with the search tools: DeepSeek-V3's and
+# Kimi-K2-Instruct's rope_theta and YaRN rope_scaling; GLM-5's rope_parameters, rope_theta 1e6 with the
+# default rope type; Llama-3.1-8B's llama3 rope_scaling). The built-in catalogs must carry the first
+# three (test below); pcc catalogs Llama-3-8B, which has no scaling, so its row is applied to compare
+# with Miles' Llama-3.1 file.
 PUBLISHED_ROPE = {
     "deepseek_v3": {"rope_theta": 10000, "rope_scaling": {
         "type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
@@ -125,10 +126,10 @@ PUBLISHED_ROPE = {
     "kimi_k2": {"rope_theta": 50000.0, "rope_scaling": {
         "type": "yarn", "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
         "beta_fast": 1.0, "beta_slow": 1.0}},
-    "glm5": {"rope_theta": 1000000},
-    "llama3_8b": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "glm5": {"rope_parameters": {"rope_theta": 1000000, "rope_type": "default"}},
 }
+LLAMA31_ROPE = {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
 
 # flag -> why pcc's value differs from the Miles script's (per model; "*" for every model).
 EXPECTED_DIFFERENCES = {
@@ -186,10 +187,10 @@ def _norm(d: dict) -> dict:
     return {k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in full.items()}
 
 
-def _generated(name: str, published_rope: bool = True):
+def _generated(name: str):
     config = dict(load_catalog(name).config)
-    if published_rope:
-        config |= PUBLISHED_ROPE.get(name, {})
+    if name == "llama3_8b":
+        config |= LLAMA31_ROPE
     arch, gap = architecture(config, tables())
     assert arch is not None, gap
     return arch
@@ -217,13 +218,19 @@ def test_the_megatron_target_sets_the_router_dtype_miles_scripts_set():
     assert a[a.index("--moe-router-dtype") + 1] == "fp32"
 
 
-def test_catalogs_without_rope_fields_say_so():
-    """pcc's deepseek_v3 / kimi_k2 / glm5 catalogs carry no rope_theta: no --rotary-base is
-    guessed, and the file says so (Miles checks rotary_base against the checkpoint at start)."""
-    for name in ("deepseek_v3", "kimi_k2", "glm5"):
-        arch = _generated(name, published_rope=False)
-        assert "--rotary-base" not in arch.args
-        assert any("rope_theta" in n for n in arch.notes)
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ROPE))
+def test_catalogs_carry_the_published_rope(name):
+    config = load_catalog(name).config
+    assert {k: config.get(k) for k in PUBLISHED_ROPE[name]} == PUBLISHED_ROPE[name]
+
+
+def test_a_config_without_rope_theta_says_so():
+    """No --rotary-base is guessed for a config without rope_theta, and the file says so (Miles
+    compares rotary_base with the checkpoint at start)."""
+    config = {k: v for k, v in load_catalog("kimi_k2").config.items() if k != "rope_theta"}
+    arch, _ = architecture(config, tables())
+    assert "--rotary-base" not in arch.args
+    assert any("rope_theta" in n for n in arch.notes)
 
 
 def test_layer_pattern_is_megatron_list_expression():
