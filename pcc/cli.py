@@ -97,20 +97,17 @@ class Report:
         return UsageError(message)
 
     def contract_file(self, arg: str) -> str:
-        """CONTRACT or BUNDLE -> the contract file, the same resolution `pcc run` uses; exit 2
-        (UsageError) when `arg` names no readable contract file or bundle directory."""
-        from pcc.runtime.contract import ContractError, contract_path
+        """CONTRACT or BUNDLE -> the contract file, by `pcc.bundle.contract_file` (a bundle checked
+        against its manifest): exit 2 (UsageError) when `arg` names no contract file or bundle
+        directory; a bundle that does not match its manifest is its BundleError (PCC706, exit 1)."""
+        from pcc.bundle import BundleError, contract_file
 
         try:
-            path = contract_path(arg)
-        except ContractError as exc:
-            raise UsageError(str(exc), arg) from None
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise UsageError(f"{path}: cannot read: {exc.strerror}", path) from None
-        return path
+            return str(contract_file(arg))
+        except BundleError as exc:
+            if exc.missing:
+                raise UsageError(str(exc), arg) from None
+            raise
 
     def envelope(self, exit_code: int) -> dict:
         return {"command": self.command, "ok": exit_code == EXIT_OK, "exit_code": exit_code,
@@ -120,6 +117,7 @@ class Report:
 # -- the verbs that only read contracts ---------------------------------------------------------
 
 def cmd_check(args, rep: Report) -> int:
+    from pcc.lang.diagnostics import PccError
     from pcc.lower import compile_file
 
     results, worst = [], EXIT_OK
@@ -130,6 +128,11 @@ def cmd_check(args, rep: Report) -> int:
             rep.error(str(exc), path)
             results.append({"file": path, "contract": None, "ok": False, "errors": 1, "warnings": 0})
             worst = EXIT_USAGE
+            continue
+        except PccError as exc:  # a bundle that does not match its manifest (PCC706)
+            rep.error(exc.message, path, code=exc.code)
+            results.append({"file": path, "contract": None, "ok": False, "errors": 1, "warnings": 0})
+            worst = max(worst, EXIT_ERRORS)
             continue
         c = compile_file(contract)
         rep.extend(c.diagnostics, c.sources)
@@ -169,7 +172,7 @@ def cmd_export(args, rep: Report) -> int:
     try:
         loaded = load(path)
     except DiagnosticError as exc:
-        rep.extend(exc.diagnostics, _read(path))
+        rep.extend(exc.diagnostics, exc.sources)
         return EXIT_ERRORS
     rep.extend(loaded.diagnostics, loaded.sources, echo=False)
     rep.result = {"file": args.file, "format": args.format, "out": args.out, "document": canonical(loaded.contract)}
@@ -193,7 +196,7 @@ def _emit(rep: Report, text: str, out: str | None) -> int:
         try:
             _atomic_write(Path(out), text)
         except OSError as exc:
-            return rep.fail(f"{out}: cannot write: {exc.strerror}", file=out)
+            return rep.fail(f"{out}: cannot write: {exc.strerror}", file=out, code="PCC709")
     elif not rep.json:
         sys.stdout.write(text)
     return EXIT_OK
@@ -227,11 +230,12 @@ def cmd_fmt(args, rep: Report) -> int:
             report.append({"file": arg, "ok": False})
             status = EXIT_USAGE
             continue
+        text = None
         try:
             text = read_source(path)
             out = format_source(text, path)
         except DiagnosticError as exc:
-            rep.extend(exc.diagnostics, _read(path))
+            rep.extend(exc.diagnostics, {path: text} if text is not None else exc.sources)
             report.append({"file": arg, "ok": False})
             status = max(status, EXIT_ERRORS)
             continue
@@ -244,7 +248,12 @@ def cmd_fmt(args, rep: Report) -> int:
                 status = max(status, EXIT_ERRORS)
         elif args.write:
             if out != text:
-                _atomic_write(Path(path), out)
+                try:
+                    _atomic_write(Path(path), out)
+                except OSError as exc:
+                    rep.error(f"{path}: cannot write: {exc.strerror}", path, code="PCC709")
+                    status = max(status, EXIT_ERRORS)
+                    continue
             entry["written"] = out != text
         elif not rep.json:
             sys.stdout.write(out)
@@ -264,19 +273,15 @@ def cmd_schema(args, rep: Report) -> int:
             if not target.is_file() or target.read_text(encoding="utf-8") != text:
                 stale.append(str(target))
         else:
-            out.mkdir(parents=True, exist_ok=True)
-            _atomic_write(target, text)
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                _atomic_write(target, text)
+            except OSError as exc:
+                return rep.fail(f"{target}: cannot write: {exc.strerror}", file=str(target), code="PCC709")
     for s in stale:
         rep.error(f"{s}: stale; run 'pcc schema --out {out}'", file=s)
     rep.result = {"out": str(out), "check": args.check, "files": names, "stale": stale}
     return EXIT_ERRORS if stale else EXIT_OK
-
-
-def _read(path: str) -> dict[str, str]:
-    try:
-        return {path: Path(path).read_text(encoding="utf-8", errors="replace")}
-    except OSError:
-        return {}
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -345,6 +350,8 @@ def parser() -> argparse.ArgumentParser:
                 "--json envelope, exit codes 0 ok / 1 errors or changes / 2 usage or unreadable input / "
                 "3 internal error): docs/cli.md.")
     p.add_argument("--version", action="version", version=f"pcc {__version__}")
+    p.add_argument("--allow-root", action="append", default=[], metavar="DIR",
+                   help="a folder `extends` may also reach (repeatable; also $PCC_CONTRACT_ROOTS; docs/safety.md)")
     sub = p.add_subparsers(dest="command", required=True)
     json_help = "print one JSON envelope on stdout (docs/cli.md)"
 
@@ -416,6 +423,15 @@ def _stdout_to_stderr():
             os.close(saved)
 
 
+def _allow_roots(dirs: list[str]) -> None:
+    """`--allow-root DIR`: through the environment, so the processes a verb starts see it too."""
+    if dirs:
+        from pcc.contract.io import ROOTS_ENV
+
+        os.environ[ROOTS_ENV] = os.pathsep.join([os.environ.get(ROOTS_ENV, ""), *map(os.path.abspath, dirs)]).strip(
+            os.pathsep)
+
+
 def _run(args, rep: Report) -> int:
     if getattr(args, "required_out", False) and not args.out:
         raise UsageError("the following arguments are required: -o/--out")
@@ -438,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             code = EXIT_USAGE
         else:
             rep.command, rep.json = args.command, bool(getattr(args, "json", False))
+            _allow_roots(args.allow_root)
             with _stdout_to_stderr() if rep.json else contextlib.nullcontext():
                 try:
                     code = _run(args, rep)

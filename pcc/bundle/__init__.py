@@ -12,13 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pcc import __version__
 from pcc.contract.model import Contract
 from pcc.lang.diagnostics import PccError
+from pcc.lang.inputs import InputError, read_bytes, read_json
+from pcc.lang.parser import MAX_BYTES as MAX_CONTRACT
 from pcc.contract.fmt import lines
 from pcc.lower import Lowered, lower, targets_for
 from pcc.plan import Plan
@@ -26,6 +30,9 @@ from pcc.plan.dump import lock_hash, plan_dict
 from pcc.plan.explain import explain, render
 
 MANIFEST = "manifest.json"
+CONTRACT = "contract.prec"
+MAX_FILE = 256 << 20  # one bundle file (plan.json of a trillion-parameter model is a few MiB)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 EXECUTABLE = ("run.sh", "launch.sh", "launch_server.sh")
 
 RUN_SH = """#!/usr/bin/env bash
@@ -38,15 +45,25 @@ exec pcc run "$here" "$@"
 
 
 class BundleError(PccError):
-    """A bundle cannot be written or read; the message says which file and why."""
+    """A bundle cannot be written or read; the message says which file and why. PCC701 by default;
+    PCC706 a bundle that does not match its manifest, PCC709 a bundle the disk would not take.
+    `missing`: the argument names no contract file or bundle at all (the CLI's exit 2)."""
 
     code = "PCC701"
 
+    def __init__(self, message: str, code: str | None = None, missing: bool = False):
+        super().__init__(message, code)
+        self.missing = missing
 
-def contract_source(contract: Contract) -> str:
-    """The merged contract as canonical .prec text (what the bundle runs, parents included)."""
+
+def contract_source(contract: Contract, model_dir: str | None = None) -> str:
+    """The merged contract as canonical .prec text (what the bundle runs, parents included). A
+    checkpoint model is written as `model_dir`, its absolute path: relative, it would name a folder
+    inside the bundle."""
     d = contract.model_dump(mode="json", exclude_defaults=True)
     d["name"] = contract.name
+    if model_dir is not None and contract.model is not None and contract.model.path is not None:
+        d["model"] = {"path": os.path.abspath(model_dir)}
     return "\n".join(text for _, text in lines(d)) + "\n"
 
 
@@ -58,7 +75,7 @@ def bundle_files(plan: Plan, targets: tuple[str, ...] | None = None) -> tuple[di
     pd["lock"] = lock_hash(pd)
     files: dict[str, str] = {
         "run.sh": RUN_SH,
-        "contract.prec": contract_source(plan.contract),
+        CONTRACT: contract_source(plan.contract, plan.catalog.source),
         "plan.json": json.dumps(pd, indent=1, sort_keys=True) + "\n",
     }
     for low in lowered:
@@ -97,11 +114,11 @@ def write_bundle(plan: Plan, out: str | Path, force: bool = False,
     if out.exists() and not is_bundle(out) and not (out.is_dir() and not any(out.iterdir())):
         raise BundleError(f"{out} is not a pcc bundle; --force replaces bundles only, never other files")
     files, _ = bundle_files(plan, targets)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
         for path, text in files.items():
             target = tmp / path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -115,9 +132,12 @@ def write_bundle(plan: Plan, out: str | Path, force: bool = False,
             shutil.rmtree(old)
         else:
             os.replace(tmp, out)
+    except OSError as exc:  # a read-only or full disk: one line naming the path, nothing half-written left
+        where = exc.filename or out
+        raise BundleError(f"{out}: cannot write the bundle ({where}: {exc.strerror})", "PCC709") from None
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
     return files
 
 
@@ -128,23 +148,68 @@ class Bundle:
 
     @property
     def contract_path(self) -> Path:
-        return self.path / "contract.prec"
+        return self.path / CONTRACT
 
 
 def read_bundle(path: str | Path) -> Bundle:
-    """Open a bundle and check every file against its manifest."""
+    """Open a bundle and check every file against its manifest: the manifest well-formed, each path in
+    it relative and inside the bundle (no `..`, no link out), each file regular, bounded and of the
+    recorded SHA-256, contract.prec among them. BundleError PCC706 names the first file that is not."""
     path = Path(path)
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{path}: not a pcc bundle ({MANIFEST}: {exc})") from None
-    for rel, digest in manifest.get("files", {}).items():
+        manifest = read_json(path / MANIFEST, what="bundle manifest")
+    except InputError as exc:
+        missing = not (path / MANIFEST).exists()
+        raise BundleError(f"{path}: not a pcc bundle ({exc.message})", None if missing else "PCC706",
+                          missing=missing) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(d, str) and _SHA256.fullmatch(d) for d in files.values()):
+        raise BundleError(f"{path / MANIFEST}: malformed: 'files' maps each path to its SHA-256", "PCC706")
+    if CONTRACT not in files:
+        raise BundleError(f"{path / MANIFEST}: does not list {CONTRACT}", "PCC706")
+    root = path.resolve()
+    for rel, digest in files.items():
+        parts = PurePosixPath(rel)
+        if not rel or parts.is_absolute() or ".." in parts.parts or "\\" in rel or "\0" in rel:
+            raise BundleError(f"{path / MANIFEST}: names {rel!r}, a path outside the bundle", "PCC706")
         f = path / rel
-        if not f.is_file():
-            raise BundleError(f"{path}: {rel} is missing")
-        if hashlib.sha256(f.read_bytes()).hexdigest() != digest:
-            raise BundleError(f"{path}: {rel} does not match the manifest (edited after compile?)")
+        if not f.resolve().is_relative_to(root):
+            raise BundleError(f"{path}: {rel} links outside the bundle", "PCC706")
+        if not f.exists():
+            raise BundleError(f"{path}: {rel} is missing", "PCC706")
+        try:
+            data = read_bytes(f, MAX_FILE, "bundle file")
+        except InputError as exc:
+            raise BundleError(exc.message, "PCC706") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise BundleError(f"{path}: {rel} does not match the manifest (edited after compile?); recompile the "
+                              "contract", "PCC706")
     return Bundle(path, manifest)
+
+
+def contract_file(arg: str | Path) -> Path:
+    """CONTRACT or BUNDLE -> the contract file: the one resolution every verb that takes a contract uses
+    (docs/safety.md). A directory is a bundle, and is read through `read_bundle`, so a verb never runs
+    a bundle whose files differ from its manifest."""
+    p = Path(arg)
+    if p.is_dir():
+        if not (p / MANIFEST).exists():
+            hint = f"it has {CONTRACT} but no {MANIFEST}" if (p / CONTRACT).exists() else f"it has no {CONTRACT}"
+            raise BundleError(f"{arg}: not a pcc bundle ({hint}); a bundle directory holds {CONTRACT} and "
+                              f"{MANIFEST}, as `pcc compile` writes them", missing=True)
+        return read_bundle(p).contract_path
+    try:
+        st = p.stat()
+    except OSError as exc:
+        why = "no such contract file or bundle directory" if isinstance(exc, FileNotFoundError) else \
+            f"cannot read: {exc.strerror}"
+        raise BundleError(f"{arg}: {why}", missing=True) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BundleError(f"{arg}: not a regular file; a contract is a file, a bundle a directory", missing=True)
+    if st.st_size > MAX_CONTRACT:
+        raise BundleError(f"{arg}: {st.st_size} bytes, larger than a contract ({MAX_CONTRACT >> 10} KiB)",
+                          missing=True)
+    return p
 
 
 def is_bundle(path: str | Path) -> bool:

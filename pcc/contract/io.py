@@ -1,5 +1,13 @@
 """Load a contract from .prec, YAML or JSON; resolve `extends`; export the canonical form.
 
+Every file is read once through pcc.lang.inputs (regular files, bounded); YAML through a loader
+that refuses duplicate keys and alias expansion past MAX_YAML_NODES, JSON without duplicate keys
+or NaN/Infinity; numbers are validated strictly (no bool or string coercion) and finite.
+
+`extends` names a parent relative to the file that names it; the parent must lie inside an
+allowed root (`allowed_roots`, docs/safety.md). A parent's relative `model from` stays relative
+to the parent's own folder.
+
 `extends` merges at the dict level, from what each file states:
 - sections (rollout, trainer, trainable, sync, correction, model...) merge key by key,
   the child's value winning;
@@ -11,6 +19,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +31,60 @@ from pydantic import ValidationError
 from pcc.contract.model import Contract
 from pcc.lang.build import SourceMap, build
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter, Span
+from pcc.lang.inputs import DuplicateKey, loads_json
 from pcc.lang.parser import read_source
 
 SUFFIXES = (".prec", ".yaml", ".yml", ".json")
 MAX_EXTENDS_DEPTH = 32
+MAX_YAML_NODES = 100_000  # nodes after alias expansion: a contract has hundreds; an alias bomb, billions
+ROOTS_ENV = "PCC_CONTRACT_ROOTS"  # more folders `extends` may reach, os.pathsep-separated
+
+
+class _Refused(Exception):
+    """A YAML document the strict loader refuses: (code, message, mark)."""
+
+    def __init__(self, code: str, message: str, mark):
+        super().__init__(message)
+        self.code, self.message, self.mark = code, message, mark
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a duplicate key is an error (not last-wins) and aliases may not expand the
+    document past MAX_YAML_NODES nodes (a 600-byte alias bomb expands to billions), or refer to
+    themselves."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node, sizes: dict[int, int], open_: set[int]) -> int:
+    """Nodes of `node` with every alias expanded, memoized per node (the composed graph is shared)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise _Refused("PCC111", "a YAML alias refers to the node that contains it", node.start_mark)
+    open_.add(key)
+    n = 1
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                if (k.tag, k.value) in seen:
+                    raise _Refused("PCC110", f"duplicate key '{k.value}'", k.start_mark)
+                seen.add((k.tag, k.value))
+            n += _expanded_size(k, sizes, open_) + _expanded_size(v, sizes, open_)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            n += _expanded_size(item, sizes, open_)
+    open_.discard(key)
+    if n > MAX_YAML_NODES:
+        raise _Refused("PCC111", f"YAML aliases expand the document past {MAX_YAML_NODES} nodes",
+                       node.start_mark)
+    sizes[key] = n
+    return n
 
 
 @dataclass
@@ -45,7 +105,14 @@ def _read_doc(path: str, rep: Reporter, sources: dict[str, str]) -> tuple[dict[s
     if path.endswith(".prec"):
         return build(text, path, rep)
     try:
-        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+        doc = loads_json(text) if path.endswith(".json") else yaml.load(text, Loader=_StrictLoader)
+    except _Refused as exc:
+        m = exc.mark
+        raise DiagnosticError([Diagnostic(exc.code, "error", exc.message, Span(path, m.line + 1, m.column + 1))],
+                              sources) from None
+    except DuplicateKey as exc:  # JSON: find the key's position with the YAML composer (JSON is YAML)
+        raise DiagnosticError([Diagnostic("PCC110", "error", str(exc), _json_key_span(text, path))],
+                              sources) from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         line, col = 1, 1
         if isinstance(exc, json.JSONDecodeError):
@@ -53,21 +120,35 @@ def _read_doc(path: str, rep: Reporter, sources: dict[str, str]) -> tuple[dict[s
         elif getattr(exc, "problem_mark", None) is not None:
             line, col = exc.problem_mark.line + 1, exc.problem_mark.column + 1
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(getattr(exc, "problem", exc))
-        raise DiagnosticError([Diagnostic("PCC108", "error", f"invalid document: {msg}", Span(path, line, col))]) from None
+        raise DiagnosticError([Diagnostic("PCC108", "error", f"invalid document: {msg}", Span(path, line, col))],
+                              sources) from None
+    except ValueError as exc:  # loads_json: NaN or Infinity
+        raise DiagnosticError([Diagnostic("PCC105", "error", str(exc), Span(path, 1, 1))], sources) from None
     except RecursionError:
-        raise DiagnosticError([Diagnostic("PCC108", "error", "document nests too deeply", Span(path, 1, 1))]) from None
+        raise DiagnosticError([Diagnostic("PCC108", "error", "document nests too deeply", Span(path, 1, 1))],
+                              sources) from None
     if not isinstance(doc, dict):
         raise DiagnosticError([Diagnostic("PCC108", "error", "a contract document is a mapping at the top level",
-                                          Span(path, 1, 1))])
+                                          Span(path, 1, 1))], sources)
     return doc, _yaml_spans(text, path)
+
+
+def _json_key_span(text: str, path: str) -> Span:
+    try:
+        yaml.load(text, Loader=_StrictLoader)
+    except _Refused as exc:
+        return Span(path, exc.mark.line + 1, exc.mark.column + 1)
+    except (yaml.YAMLError, RecursionError):
+        pass
+    return Span(path, 1, 1)
 
 
 def _yaml_spans(text: str, path: str) -> SourceMap:
     """Spans for every key path of a YAML/JSON document, so its errors are positioned too."""
     smap = SourceMap()
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError):
+        root = yaml.compose(text, Loader=_StrictLoader)
+    except (yaml.YAMLError, RecursionError, _Refused):
         return smap
     stack = [("", root)]
     while stack:
@@ -117,8 +198,52 @@ def _shift(smap: SourceMap, parent_smap: SourceMap, parent: dict, child: dict) -
     return out
 
 
+def allowed_roots(top: str) -> list[Path]:
+    """The folders an `extends` may reach from the contract `top` (docs/safety.md): the top contract's
+    own folder, the working directory, the contracts pcc ships, and each folder in $PCC_CONTRACT_ROOTS
+    (what `pcc --allow-root DIR` adds)."""
+    from pcc.resources import data_dir
+
+    roots = [Path(top).resolve().parent, Path.cwd().resolve()]
+    try:
+        roots.append(data_dir("contracts").resolve())
+    except FileNotFoundError:
+        pass
+    roots += [Path(p).resolve() for p in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if p]
+    return list(dict.fromkeys(roots))
+
+
+def _parent(path: str, ref: str, span: Span, roots: list[Path]) -> str:
+    """The file `extends ref` in `path` names: relative to `path`'s folder, a contract suffix, inside a root."""
+    parent = str(Path(path).parent / ref)
+    real = Path(parent).resolve()
+    if not any(real.is_relative_to(r) for r in roots):
+        raise DiagnosticError([Diagnostic(
+            "PCC112", "error", f"extends {ref!r} resolves to {real}, outside the folders a contract may extend from",
+            span, hint=f"allowed: {', '.join(str(r) for r in roots)}; add a folder with "
+                       f"`pcc --allow-root DIR` or ${ROOTS_ENV}")])
+    if not parent.endswith(SUFFIXES):
+        raise DiagnosticError([Diagnostic("PCC107", "error", f"extends {ref!r}: not a contract file name",
+                                          span, hint=f"a contract ends in {', '.join(SUFFIXES)}")])
+    if not real.exists():
+        raise DiagnosticError([Diagnostic("PCC107", "error", f"extended contract not found: {parent}", span)])
+    return parent
+
+
+def _rebase_model(parent: dict[str, Any], parent_file: str, child_file: str) -> dict[str, Any]:
+    """A parent's relative `model from` is relative to the parent's folder; restate it relative to the
+    child's, which is where the merged contract's paths are read from."""
+    model = parent.get("model")
+    if not (isinstance(model, dict) and isinstance(model.get("path"), str) and not os.path.isabs(model["path"])):
+        return parent
+    src, dst = os.path.abspath(os.path.dirname(parent_file)), os.path.abspath(os.path.dirname(child_file))
+    if src == dst:
+        return parent
+    return {**parent, "model": {**model, "path": os.path.relpath(os.path.join(src, model["path"]), dst)}}
+
+
 def _resolve(path: str, rep: Reporter, sources: dict[str, str], stack: list[str],
-             ref: Span | None) -> tuple[dict[str, Any], SourceMap]:
+             ref: Span | None, roots: list[Path]) -> tuple[dict[str, Any], SourceMap]:
     real = str(Path(path).resolve())
     if real in stack:
         cycle = " -> ".join(Path(p).name for p in stack[stack.index(real):] + [real])
@@ -126,8 +251,6 @@ def _resolve(path: str, rep: Reporter, sources: dict[str, str], stack: list[str]
     if len(stack) >= MAX_EXTENDS_DEPTH:
         raise DiagnosticError([Diagnostic("PCC107", "error", f"extends chain deeper than {MAX_EXTENDS_DEPTH}",
                                           ref or Span(path, 1, 1))])
-    if ref is not None and not Path(path).is_file():
-        raise DiagnosticError([Diagnostic("PCC107", "error", f"extended contract not found: {path}", ref)])
     doc, smap = _read_doc(path, rep, sources)
     parent_ref = doc.get("extends")
     if not parent_ref:
@@ -135,12 +258,26 @@ def _resolve(path: str, rep: Reporter, sources: dict[str, str], stack: list[str]
     if not isinstance(parent_ref, str):
         raise DiagnosticError([Diagnostic("PCC105", "error", "'extends' must be a path string", file=path,
                                           path="extends")])
-    parent_path = str(Path(path).parent / parent_ref)
-    parent, parent_smap = _resolve(parent_path, rep, sources, stack + [real], smap.get("extends") or Span(path, 1, 1))
+    span = smap.get("extends") or Span(path, 1, 1)
+    parent_path = _parent(path, parent_ref, span, roots)
+    parent, parent_smap = _resolve(parent_path, rep, sources, stack + [real], span, roots)
+    parent = _rebase_model(parent, parent_path, path)
     child = {k: v for k, v in doc.items() if k != "extends"}
     # The merged contract stands alone: exporting it and loading the export gives the same Plan.
     merged = _merge({k: v for k, v in parent.items() if k not in ("name", "extends")}, child)
     return merged, _shift(smap, parent_smap, parent, child)
+
+
+def _nonfinite(doc: Any, prefix: str = ""):
+    """Contract paths of NaN and infinite numbers (YAML's .nan/.inf, or a .prec literal like 1e999)."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        yield prefix, doc
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _nonfinite(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _nonfinite(v, f"{prefix}[{i}]")
 
 
 def _validation_diagnostics(exc: ValidationError, path: str, smap: SourceMap) -> list[Diagnostic]:
@@ -172,12 +309,20 @@ def load(path: str) -> Loaded:
     if not path.endswith(SUFFIXES):
         raise DiagnosticError([Diagnostic("PCC104", "error", f"unknown contract suffix (use {', '.join(SUFFIXES)})",
                                           file=path)])
-    doc, smap = _resolve(path, rep, sources, [], None)
-    rep.fail_if_errors()
     try:
-        contract = Contract.model_validate(doc)
+        doc, smap = _resolve(path, rep, sources, [], None, allowed_roots(path))
+    except DiagnosticError as exc:
+        raise DiagnosticError(rep.diagnostics + exc.diagnostics, sources) from None
+    for where, value in _nonfinite(doc):
+        span = smap.find(where)
+        rep.error("PCC105", f"{value} is not a finite number", span, path=None if span else where,
+                  hint="bounds and sizes are finite numbers")
+    if rep.has_errors:
+        raise DiagnosticError(rep.diagnostics, sources)
+    try:
+        contract = Contract.model_validate(doc, strict=True)  # `tp: true` or "2" is an error, not 1 or 2
     except ValidationError as exc:
-        raise DiagnosticError(rep.diagnostics + _validation_diagnostics(exc, path, smap)) from None
+        raise DiagnosticError(rep.diagnostics + _validation_diagnostics(exc, path, smap), sources) from None
     return Loaded(contract, path, smap, sources, rep.diagnostics)
 
 

@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pcc.bundle import BundleError, contract_file
 from pcc.convert import ConvertError
 from pcc.models import CatalogError, catalog_from_checkpoint, load_catalog
 from pcc.models.builtin import catalog_from_config
 
 
 def contract_path(arg: str) -> Path:
-    """CONTRACT or BUNDLE (a directory with contract.prec) -> the contract file."""
-    path = Path(arg)
-    if path.is_dir():
-        path = path / "contract.prec"
-        if not path.is_file():
-            raise ConvertError(f"{arg}: a bundle directory holds contract.prec; this one does not")
-    elif not path.is_file():
-        raise ConvertError(f"{arg}: no such contract or bundle")
-    return path
+    """CONTRACT or BUNDLE -> the contract file (`pcc.bundle.contract_file`: a bundle checked against its
+    manifest, so an edited contract.prec never converts)."""
+    try:
+        return contract_file(arg)
+    except BundleError as exc:
+        raise ConvertError(str(exc), code=None if exc.missing else exc.code) from None
 
 
 def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = None, source=None):

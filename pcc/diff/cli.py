@@ -20,15 +20,16 @@ class _Format(argparse.Action):
 
 def cmd_diff(args, rep) -> int:
     from pcc.diff import diff
+    from pcc.bundle import BundleError
     from pcc.diff.load import DiffError
     from pcc.diff.render import render
     from pcc.models import CatalogError
 
-    for side in (args.a, args.b):
-        rep.contract_file(side)  # exit 2 when it names no contract or bundle
     try:
+        for side in (args.a, args.b):
+            rep.contract_file(side)  # exit 2 when it names no contract or bundle, or a bundle not as compiled
         report = diff(args.a, args.b, model=args.model)
-    except (DiffError, CatalogError) as exc:
+    except (DiffError, CatalogError, BundleError) as exc:
         compiled = getattr(exc, "compiled", None)
         if compiled is not None:
             rep.extend(compiled.diagnostics, compiled.sources)

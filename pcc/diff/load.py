@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pcc.bundle import BundleError, contract_file
 from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, load_catalog
 from pcc.lower import compile_file
 from pcc.plan import Compiled
 from pcc.lang.diagnostics import PccError
 
-BUNDLE_CONTRACT = "contract.prec"
 BUNDLE_PLAN = "plan.json"
 
 
@@ -20,8 +20,8 @@ class DiffError(PccError):
 
     code = "PCC705"
 
-    def __init__(self, message: str, compiled: Compiled | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, compiled: Compiled | None = None, code: str | None = None):
+        super().__init__(message, code)
         self.compiled = compiled
 
 
@@ -37,14 +37,11 @@ def model_catalog(spec: str) -> Catalog:
 
 def load_side(path: str, catalog: Catalog | None = None) -> tuple[Compiled, list[str]]:
     """The checked plan of one side, and notes (e.g. a bundle whose plan.json is stale)."""
-    p = Path(path)
-    bundle = p.is_dir()
-    if bundle:
-        p = p / BUNDLE_CONTRACT
-        if not p.is_file():
-            raise DiffError(f"{path}: a bundle directory holds {BUNDLE_CONTRACT}; none found")
-    elif not p.is_file():
-        raise DiffError(f"{path}: no such contract file or bundle directory")
+    bundle = Path(path).is_dir()
+    try:
+        p = contract_file(path)  # a bundle is checked against its manifest
+    except BundleError as exc:
+        raise DiffError(str(exc), code=None if exc.missing else exc.code) from None
     c = compile_file(str(p), catalog)
     if not c.ok:
         raise DiffError(f"{path}: the contract has errors", c)

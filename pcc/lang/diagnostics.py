@@ -96,10 +96,12 @@ class PccError(Exception):
 
 
 class DiagnosticError(PccError):
-    """Raised when a stage cannot go on; carries every diagnostic so far."""
+    """Raised when a stage cannot go on; carries every diagnostic so far, and the text of the files
+    read so far (`sources`, for carets: a caller never reads a file a second time to show one)."""
 
-    def __init__(self, diagnostics: Iterable[Diagnostic]):
+    def __init__(self, diagnostics: Iterable[Diagnostic], sources: dict[str, str] | None = None):
         self.diagnostics = list(diagnostics)
+        self.sources = dict(sources or {})
         first = self.diagnostics[0] if self.diagnostics else None
         super().__init__("\n".join(d.render() for d in self.diagnostics), first.code if first else None)
 

@@ -13,6 +13,7 @@ from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Span, did_you_mean
+from pcc.lang.inputs import InputError, read_bytes
 from pcc.resources import data_dir
 
 MAX_BYTES = 1 << 20  # contracts are small; a larger file is a mistake, not a contract
@@ -124,17 +125,20 @@ def parse_comments(text: str, file: str = "<string>") -> tuple[Tree, list[Token]
 
 
 def read_source(path: str) -> str:
-    """Read a contract file as UTF-8 text, refusing binary and oversized input."""
+    """Read a contract file once as UTF-8 text: a regular file of at most MAX_BYTES (pcc.lang.inputs),
+    not binary. Callers keep this text for carets; nothing reads the file again."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise DiagnosticError([Diagnostic("PCC104", "error", f"cannot read file: {exc.strerror}",
+        data = read_bytes(path, MAX_BYTES, "contract")
+    except InputError as exc:
+        if exc.reason == "kind":
+            raise DiagnosticError([Diagnostic("PCC109", "error", exc.message.removeprefix(f"{path}: "),
+                                              file=path)]) from None
+        if exc.reason == "size":
+            raise DiagnosticError([Diagnostic("PCC104", "error",
+                                              f"file is larger than {MAX_BYTES >> 10} KiB; not a contract",
+                                              Span(path, 1, 1))]) from None
+        raise DiagnosticError([Diagnostic("PCC104", "error", exc.message.removeprefix(f"{path}: "),
                                           file=path)]) from None
-    if len(data) > MAX_BYTES:
-        raise DiagnosticError([Diagnostic("PCC104", "error",
-                                          f"file is larger than {MAX_BYTES >> 10} KiB; not a contract",
-                                          Span(path, 1, 1))])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

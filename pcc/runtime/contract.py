@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from pcc.bundle import BundleError, contract_file
 from pcc.contract.io import load
 from pcc.contract.model import ModelRef, Parallel
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, PccError, Reporter
@@ -34,8 +35,9 @@ class ContractError(PccError, RuntimeError):
 
     code = "PCC703"
 
-    def __init__(self, message: str, diagnostics: list[Diagnostic] | None = None, sources: dict | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, diagnostics: list[Diagnostic] | None = None, sources: dict | None = None,
+                 code: str | None = None):
+        super().__init__(message, code)
         self.diagnostics, self.sources = diagnostics or [], sources or {}
 
 
@@ -48,14 +50,12 @@ class Compiled:
 
 
 def contract_path(target: str) -> str:
-    p = Path(target)
-    if p.is_dir():
-        if not (p / "contract.prec").is_file():
-            raise ContractError(f"{target}: a bundle directory must contain contract.prec")
-        return str(p / "contract.prec")
-    if not p.is_file():
-        raise ContractError(f"{target}: no such contract file or bundle directory")
-    return str(p)
+    """CONTRACT or BUNDLE -> the contract file (`pcc.bundle.contract_file`: a bundle checked against its
+    manifest); ContractError when `target` names neither."""
+    try:
+        return str(contract_file(target))
+    except BundleError as exc:
+        raise ContractError(str(exc), code=None if exc.missing else exc.code) from None
 
 
 def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> Compiled:
@@ -66,7 +66,7 @@ def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> 
     try:
         loaded = load(path)
     except DiagnosticError as exc:
-        raise ContractError(f"{path}: the contract does not load", exc.diagnostics) from None
+        raise ContractError(f"{path}: the contract does not load", exc.diagnostics, exc.sources) from None
     rep = Reporter(list(loaded.diagnostics))
     contract, override = loaded.contract, None
     if model is not None or catalog is not None:
@@ -99,7 +99,11 @@ def compile_for_runtime(target: str, model: str | None = None, catalog=None) -> 
 
 def stand_in(target: str) -> str | None:
     """The tiny catalog `--model auto` starts from for this contract (None: run its own model)."""
-    ref = load(contract_path(target)).contract.model
+    path = contract_path(target)
+    try:
+        ref = load(path).contract.model
+    except DiagnosticError as exc:
+        raise ContractError(f"{path}: the contract does not load", exc.diagnostics, exc.sources) from None
     if ref.catalog is None or ref.catalog.startswith("tiny_"):
         return None
     if ref.catalog not in STAND_INS:

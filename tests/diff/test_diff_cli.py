@@ -56,16 +56,30 @@ def test_model_override_resolves_both_sides_on_one_catalog(capsys):
 
 
 def test_bundle_directory(tmp_path, capsys):
+    import hashlib
+
+    from pcc.bundle import MANIFEST, write_bundle
+
     bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    shutil.copy(A, bundle / "contract.prec")
-    (bundle / "plan.json").write_text(plan_json(compile_file(A).plan))
+    write_bundle(compile_file(A).plan, bundle, targets=("sglang",))
     assert main(["diff", str(bundle), A]) == 0
     assert "note:" not in capsys.readouterr().out
+    # plan.json from another pcc (its lock differs), the manifest consistent with it: a stale bundle
     (bundle / "plan.json").write_text(json.dumps({"lock": "sha256:0"}))
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    manifest["files"]["plan.json"] = hashlib.sha256((bundle / "plan.json").read_bytes()).hexdigest()
+    (bundle / MANIFEST).write_text(json.dumps(manifest))
     assert main(["diff", str(bundle), KV]) == 1
     assert "the bundle is stale" in capsys.readouterr().out
+    # an edited contract.prec is refused, never diffed as if it were what was compiled
+    (bundle / "contract.prec").write_text(Path(KV).read_text())
+    assert main(["diff", str(bundle), KV, "--json"]) == 2
+    env = json.loads(capsys.readouterr().out)
+    assert env["diagnostics"][-1]["code"] == "PCC706" and "contract.prec" in env["diagnostics"][-1]["message"]
     assert main(["diff", str(tmp_path), A]) == 2  # a folder without contract.prec
+    shutil.copy(A, tmp_path / "contract.prec")
+    assert main(["diff", str(tmp_path), A]) == 2  # nor is a folder with contract.prec and no manifest a bundle
+    assert "no manifest.json" in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -108,9 +108,15 @@ def test_trainer_variants_reproduce_table5():
 
 
 def test_bundle_directory_and_big_models(tmp_path):
-    (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "contract.prec").write_text((CONTRACTS / "tiny_cpu.prec").read_text())
+    from pcc.bundle import write_bundle
+    from pcc.lower import compile_file
+
+    write_bundle(compile_file(str(CONTRACTS / "tiny_cpu.prec")).plan, tmp_path / "b", targets=("sglang",))
     assert compile_for_runtime(str(tmp_path / "b")).plan.catalog.name == "tiny_moe"
+    (tmp_path / "b" / "contract.prec").write_text((CONTRACTS / "tiny_cpu.prec").read_text())  # edited: refused
+    with pytest.raises(ContractError, match="does not match the manifest") as err:
+        compile_for_runtime(str(tmp_path / "b"))
+    assert err.value.code == "PCC706"
     with pytest.raises(ContractError, match=r"--model auto \(here tiny_moe\)"):
         compile_for_runtime(str(CONTRACTS / "unified_fp8.prec"))
     p = compile_for_runtime(str(CONTRACTS / "unified_fp8.prec"), "tiny_moe").plan
