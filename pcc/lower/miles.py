@@ -13,18 +13,14 @@ bundle's (docs/miles.md).
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 
-import yaml
-
 from pcc.lower import Lowered, Unsupported, lower, module_leaf, target
 from pcc.lower.checkpoint_config import rollout_layout
-from pcc.lower.miles_arch import architecture
+from pcc.lower.miles_arch import architecture, tables
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
-from pcc.resources import data_dir
 
 BUFFER_BYTES = 512 << 20  # Miles' default --update-weight-buffer-size
 TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk": "disk-delta"}
@@ -33,12 +29,6 @@ MODEL_ARGS = "miles/model_args.txt"
 # the file `job` in the directory that holds the bundle; set and empty, none.
 JOB_VARIABLE = "PCC_MILES_JOB"
 JOB_FILE = "job"
-
-
-@functools.cache
-def tables() -> dict:
-    with open(data_dir("targets") / "miles.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 def owned_sglang_fields() -> frozenset[str]:
@@ -254,8 +244,9 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
             "add --sglang-enable-dp-attention to the job file, or use 'dp 1'"))
     if gap:
         caveats.append(Unsupported(
-            f"Miles needs the model's architecture as Megatron flags, and {gap}", "PCC612", "model",
-            "give them in the Miles job file (docs/miles.md)"))
+            f"Miles needs the model's architecture as Megatron flags, and {gap}: miles/model_args.txt is "
+            "empty and `pcc compile --verify` checks the trainer flags with stand-in dimensions", "PCC613", "model",
+            "give the architecture in the Miles job file (docs/miles.md)"))
     caveats += _engine_support(plan, mega)
     return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
                    caveats=caveats)

@@ -16,9 +16,13 @@ architecture from the job file instead.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
+import yaml
+
 from pcc.models.base import lm_config
+from pcc.resources import data_dir
 
 DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 MOE_TYPES = frozenset({"qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2", "glm_moe_dsa"})
@@ -33,6 +37,13 @@ LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_po
 
 class ArchGap(ValueError):
     """The config says something the mapped Megatron flags cannot carry."""
+
+
+@functools.cache
+def tables() -> dict:
+    """targets/miles.yaml: the Miles launch tables (pcc.lower.miles reads the same)."""
+    with open(data_dir("targets") / "miles.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
 
 
 @dataclass
@@ -223,3 +234,12 @@ def architecture(config: dict, settings: dict) -> tuple[Arch | None, str]:
         arch.notes.append(f"the config's {c['num_nextn_predict_layers']} MTP layer(s) are not trained: Miles adds "
                           "them with --mtp-num-layers (and --enable-mtp-training) in the job")
     return arch, ""
+
+
+def model_args(plan) -> list[str]:
+    """The architecture flags of the plan's model (what the bundle's miles/model_args.txt holds);
+    ArchGap says why there are none. `pcc compile --verify` parses them with the precision flags."""
+    arch, gap = architecture(plan.catalog.config, tables())
+    if arch is None:
+        raise ArchGap(gap)
+    return arch.args

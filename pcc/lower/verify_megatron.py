@@ -74,15 +74,49 @@ def _arguments():
     return arguments
 
 
+# What a job sets and the architecture does not (Miles takes them from the job: --seq-length, and
+# --max-position-embeddings from it; one micro-batch).
+JOB_STAND_INS = ["--seq-length", "4096", "--max-position-embeddings", "4096", "--micro-batch-size", "1"]
+
+
 def model_args(plan) -> list[str]:
-    """Architecture flags from the catalog, only for validating a lowered list (the launcher owns them)."""
-    cfg, cat = plan.catalog.config, plan.catalog
-    heads = cfg.get("num_attention_heads", 8)
-    out = ["--num-layers", str(cat.num_layers), "--hidden-size", str(cfg.get("hidden_size", 256)),
-           "--num-attention-heads", str(heads), "--seq-length", "128", "--max-position-embeddings", "128",
-           "--micro-batch-size", "1"]
-    if cat.is_moe:
-        out += ["--num-experts", str(cat.num_experts), "--disable-bias-linear"]
+    """The architecture flags to verify the trainer's precision flags with: the ones pcc generates for
+    the Miles launch (pcc.lower.miles_arch.model_args, the bundle's miles/model_args.txt), as
+    megatron-core here can check them (`checkable`), plus JOB_STAND_INS. Where none can be generated
+    (the Miles target reports PCC613), stand-in dimensions from the catalog, so the precision flags are
+    still checked."""
+    from pcc.lower.miles_arch import ArchGap, model_args as generated, tables
+
+    try:
+        arch = generated(plan)
+    except ArchGap:
+        cfg, cat = plan.catalog.config, plan.catalog
+        out = ["--num-layers", str(cat.num_layers), "--hidden-size", str(cfg.get("hidden_size", 256)),
+               "--num-attention-heads", str(cfg.get("num_attention_heads", 8))]
+        if cat.is_moe:
+            out += ["--num-experts", str(cat.num_experts), "--disable-bias-linear"]
+        return out + JOB_STAND_INS
+    return checkable(arch, tables()["megatron_fork_flags"]) + JOB_STAND_INS
+
+
+def checkable(args: list[str], fork_flags: list[str]) -> list[str]:
+    """Architecture flags as megatron-core's parser here can check them. Three changes, each for a check
+    that tests a GPU library rather than the arguments: value flags only Miles' Megatron fork has
+    (`fork_flags`, one value each; tests/lower/test_engine_flags.py checks them against the fork's
+    parser) are dropped; --moe-permute-fusion is dropped (TransformerConfig asks for Transformer
+    Engine's fused permutation kernels); and outside MLA RoPE fusion is turned off (TransformerConfig
+    asks for TE's fused RoPE kernel; under MLA the setting is checked as it stands, since fusion
+    there needs YaRN whatever is installed)."""
+    fork, out, skip = set(fork_flags), [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in fork:
+            skip = True
+        elif a != "--moe-permute-fusion":
+            out.append(a)
+    if "--multi-latent-attention" not in out and "--no-rope-fusion" not in out:
+        out.append("--no-rope-fusion")
     return out
 
 
@@ -120,7 +154,9 @@ def verify_megatron_args(args: list[str], model: list[str] | None = None, arch: 
     import torch
 
     det, ask_gpu = torch.are_deterministic_algorithms_enabled(), arguments.get_device_arch_version
+    capability = torch.cuda.get_device_capability
     arguments.get_device_arch_version = lambda: arch
+    torch.cuda.get_device_capability = lambda *a: (arch, 0)  # asked for --moe-grouped-gemm
     os.environ.update(env or {})
     try:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -134,6 +170,7 @@ def verify_megatron_args(args: list[str], model: list[str] | None = None, arch: 
         os.environ.update(saved_env)
         torch.use_deterministic_algorithms(det)
         arguments.get_device_arch_version = ask_gpu
+        torch.cuda.get_device_capability = capability
     ns.transformer_config = config
     return ns
 

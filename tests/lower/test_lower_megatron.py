@@ -129,3 +129,40 @@ def test_parser_rejects_unknown_choice(engine, tmp_path, monkeypatch):
     args = [("e5m2" if a == "e4m3" else a) for a in lo.args]
     with pytest.raises(engine.VerifyError, match="argument parser"):
         _verify(engine, plan, lo, tmp_path, monkeypatch, args)
+
+
+def test_verify_checks_the_generated_architecture_with_the_precision_flags(engine, tmp_path, monkeypatch):
+    """`pcc compile --verify` parses the architecture pcc generates (miles/model_args.txt), not stand-ins:
+    a model with 3 KV heads under trainer tp 2 is one Megatron refuses (query groups must be a multiple
+    or a divisor of tp), which catalog stand-ins without --num-query-groups let through."""
+    import json
+
+    from pcc.models.builtin import _CONFIGS
+
+    config = json.loads((_CONFIGS / "tiny_dense.json").read_text())
+    config |= {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 192}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    text = ('contract gqa-tp {\n  model from "m"\n  hardware H100\n  rollout sglang { }\n'
+            "  trainer megatron {\n    gemm linear : fp8_block\n    parallel tp 2\n  }\n}\n")
+    plan, lo = _lowered("gqa_tp.prec", text, tmp_path)
+    assert ("--num-query-groups", "3") in _pairs(engine.model_args(plan))
+    with pytest.raises(engine.VerifyError, match="num_query_groups"):
+        _verify(engine, plan, lo, tmp_path, monkeypatch)
+    stand_in = ["--num-layers", "4", "--hidden-size", "192", "--num-attention-heads", "6", *engine.JOB_STAND_INS]
+    engine.verify_megatron_args(lo.args, stand_in, engine.device_arch(plan), lo.env)  # what the old check saw
+
+
+def test_verify_without_a_generated_architecture_falls_back_to_stand_ins(engine):
+    """A model whose architecture pcc cannot generate (PCC613 on the Miles target) still gets its
+    precision flags checked, with dimensions from the catalog."""
+    plan = compile_file(str(ROOT / "tests/check_fixtures/PCC613_unmapped_architecture.prec")).plan
+    args = engine.model_args(plan)
+    assert ("--hidden-size", "128") in _pairs(args) and "--swiglu" not in args
+    engine.verify_megatron_args(lower(plan, "megatron").args, args, engine.device_arch(plan))
+
+
+def test_checkable_drops_only_what_tests_a_gpu_library(engine):
+    args = ["--multi-latent-attention", "--beta-fast", "1", "--moe-permute-fusion", "--rotary-base", "50000"]
+    assert engine.checkable(args, ["--beta-fast"]) == ["--multi-latent-attention", "--rotary-base", "50000"]
+    assert engine.checkable(["--swiglu"], [])[-1] == "--no-rope-fusion"

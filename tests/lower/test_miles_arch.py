@@ -256,38 +256,18 @@ def test_qwen3_moe_router_without_normalized_topk_is_pre_softmax():
 
 
 def _megatron_parses(args: list[str], arch: int = 9):
-    """Parse with megatron-core's parser and validation, and build its TransformerConfig
-    (pcc.lower.verify_megatron). CPU stand-ins, as Miles' own CPU tests do
-    (tests/fast/test_megatron_cli_flags.py): the fused MoE permutation and fused RoPE need
-    Transformer Engine on a GPU, and --moe-grouped-gemm asks the GPU for its compute capability."""
+    """Parse with megatron-core's parser and validation, and build its TransformerConfig, as
+    `pcc compile --verify` does (pcc.lower.verify_megatron: model_args, checkable)."""
     vm = pytest.importorskip("pcc.lower.verify_megatron")
     try:
         vm._arguments()
     except vm.EngineMissing as exc:
         pytest.skip(str(exc))
-    import torch
-
-    fork = set(tables()["megatron_fork_flags"])
-    out, skip = [], False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if a in fork:
-            skip = True
-            continue
-        if a != "--moe-permute-fusion":
-            out.append(a)
-    launch = ["--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "1", "--bf16",
-              "--transformer-impl", "transformer_engine", "--no-rope-fusion"]
-    saved = torch.cuda.get_device_capability
-    torch.cuda.get_device_capability = lambda *a: (arch, 0)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            return vm.verify_megatron_args(launch, out, arch)
-    finally:
-        torch.cuda.get_device_capability = saved
+    launch = ["--bf16", "--transformer-impl", "transformer_engine"]
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return vm.verify_megatron_args(launch, vm.checkable(args, tables()["megatron_fork_flags"]) + vm.JOB_STAND_INS,
+                                       arch)
 
 
 @pytest.mark.parametrize("name", ["qwen3_8b", "qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "glm5", "llama3_8b",
