@@ -1,264 +1,34 @@
-"""Quantized source checkpoints: which tensors store a weight as codes + scales, and their exact values.
+"""Quantized source checkpoints as the converter reads them: exact dequantization, bit-for-bit copies.
 
-A published checkpoint may already be quantized: DeepSeek-V3/R1 and Kimi-K2 in block FP8, gpt-oss in
-MXFP4, ModelOpt exports in NVFP4, compressed-tensors exports in packed INT4. The converter reads such a
-source through a *logical view*: every quantized weight is one logical tensor `P.weight` of its real
-shape [N, K], stored as an `Encoding` (the source tensors holding its codes and scales, and how to
-combine them), and the tensors that belong to an encoding are not copied as extras. Recognition
-(`recognize`) is torch-free: config.json's `quantization_config` (or `hf_quant_config.json`) names
-the method, the shard headers' names, dtypes and shapes name the tensors. `Encoded.dequantize()` is
-one function per layout: the exact product code x scale(s), rounded once to float32.
-
-| kind | source tensors of weight `P.weight` [N, K] | value |
-|---|---|---|
-| fp8_block | `P.weight` F8_E4M3 [N, K], `P.weight_scale_inv` F32 [ceil(N/R), ceil(K/C)] | code x scale of its RxC block |
-| fp8_tensor | `P.weight` F8_E4M3 [N, K], `P.weight_scale` F32 [] or [1] | code x scale |
-| nvfp4 | `P.weight` U8 [N, K/2] (element 2i low nibble), `P.weight_scale` F8_E4M3 [N, K/16], `P.weight_scale_2` F32 [] | (e2m1 x e4m3 scale of its 16) x scale_2 |
-| int4 | `P.weight_packed` I32 [N, K/8], `P.weight_scale` [N, K/G], `P.weight_shape` I64 [2], opt. `P.weight_zero_point` I32 [ceil(N/8), K/G] | (q - zp) x scale of its G |
-| mxfp4 | `L.mlp.experts.{gate_up,down}_proj_blocks` U8 [E, rows, K/32, 16], `..._scales` U8 E8M0 [E, rows, K/32] | e2m1 x 2^(e-127); expert j's gate = rows 2r, up = rows 2r+1 |
-
-The mxfp4 logical tensors are per expert (`L.mlp.experts.j.{gate,up,down}_proj.weight`), read one
-expert's slice of the fused tensor at a time. docs/convert.md "Quantized sources".
+Which tensors store a weight as codes + scales, and the logical weight's shape, is recognized in the models
+stage (pcc.models.quantized: `Encoding`, `View`, `recognize`), so `pcc check`/`explain`/`compile` and the
+converter see the same model. Here: reading one encoding's source tensors (`read`), `Encoded.dequantize()`
+(one function per layout: the exact product code x scale(s), rounded once to float32) and the rollout
+tensors of an encoded weight (`rollout_of`: copied when the source's encoding is the rollout scheme's, else
+dequantized and quantized again). docs/convert.md "Quantized sources".
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pcc.convert import ConvertError
+from pcc.models.base import CatalogError
+from pcc.models.quantized import Encoding, View, read_small_int
+from pcc.models.quantized import recognize as _recognize
 
-# Logical dtype of a weight stored by each kind (the catalog's `Operator.dtype`; pcc.plan.tensors maps them
-# to their wide form, BF16).
-DTYPES = {"fp8_block": "fp8_e4m3", "fp8_tensor": "fp8_e4m3", "nvfp4": "nvfp4", "int4": "int4", "mxfp4": "mxfp4"}
-SUPPORTED = ("fp8 (weight_block_size or per-tensor), modelopt NVFP4/FP8, compressed-tensors pack-quantized "
-             "INT4, mxfp4 (gpt-oss)")
-_ST_ITEM = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-            "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
-_FLOAT_SCALE = ("F32", "BF16", "F16")
-
-
-@dataclass(frozen=True)
-class Encoding:
-    """How one logical weight is stored in a quantized source."""
-
-    kind: str  # a key of DTYPES
-    name: str  # the logical tensor, `P.weight` (mxfp4: one expert's `...experts.j.gate_proj.weight`)
-    shape: tuple[int, int]  # its real [N, K]
-    parts: tuple[tuple[str, str], ...]  # (role, source tensor name): weight, scale, scale_2, input_scale, zero_point
-    block: tuple[int, int] = (1, 1)  # rows x columns sharing one scale
-    pow2: bool = False  # fp8_block: scales are powers of two (`scale_fmt ue8m0`)
-    symmetric: bool = True  # int4: no zero point
-    expert: int | None = None  # mxfp4: the expert's index into the fused tensors
-    rows: str = "all"  # mxfp4: "even" (gate), "odd" (up) or "all" (down) rows of that expert
-
-    @property
-    def dtype(self) -> str:
-        return DTYPES[self.kind]
-
-    def part(self, role: str) -> str | None:
-        return dict(self.parts).get(role)
-
-
-@dataclass
-class View:
-    """A source's logical view: encoded weights by logical name, and every source tensor they consume."""
-
-    method: str | None = None  # what the config names, for messages
-    encodings: dict[str, Encoding] = field(default_factory=dict)
-    consumed: set[str] = field(default_factory=set)
-
-
-def quantization_config(root: Path, config: dict) -> dict | None:
-    """config.json's `quantization_config` (top level or text_config), else hf_quant_config.json's
-    `quantization` (ModelOpt's nested form) as {"quant_method": "modelopt", ...}."""
-    for c in (config, config.get("text_config") or {}):
-        qc = c.get("quantization_config")
-        if isinstance(qc, dict):
-            return qc
-    path = root / "hf_quant_config.json"
-    if path.is_file():
-        try:
-            q = json.loads(path.read_text(encoding="utf-8")).get("quantization")
-        except (OSError, ValueError, AttributeError) as err:
-            raise ConvertError(f"{path}: unreadable ({err})") from None
-        if isinstance(q, dict):
-            return {"quant_method": "modelopt", **q}
-    return None
+__all__ = ["Encoded", "Encoding", "View", "copied_tensors", "copies", "finite", "read", "read_small_int", "recognize",
+           "rollout_of"]
 
 
 def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:
-    """The logical view of a source with these header entries (name -> {dtype, shape, ...}).
-    `read_small(name) -> list[int]` reads a tiny integer tensor (int4's `weight_shape`).
-    A source with no quantized weights gives an empty view. Errors name config.json or the tensor."""
-    qc = quantization_config(root, config)
-    method = str(qc.get("quant_method", "")).lower() if qc else None
-    view = View(method)
-    where = root / "config.json"
-    if qc is not None and method not in ("fp8", "modelopt", "compressed-tensors", "mxfp4"):
-        raise ConvertError(f"{where}: quantization_config quant_method {qc.get('quant_method')!r}; the converter "
-                           f"reads {SUPPORTED} sources")
-    if method == "modelopt":
-        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
-        if algo not in ("NVFP4", "FP8"):
-            raise ConvertError(f"{where}: modelopt quant_algo {algo or None!r}; the converter reads NVFP4 and FP8")
-    for name, e in entries.items():
-        dt, shape = e["dtype"], e["shape"]
-        if name.endswith(".weight") and dt == "F8_E4M3":
-            _see_fp8(view, name, e, entries, qc, method, where)
-        elif name.endswith(".weight") and dt == "U8" and f"{name}_scale" in entries:
-            _see_nvfp4(view, name, e, entries, qc, method, where)
-        elif name.endswith(".weight_packed"):
-            _see_int4(view, name, e, entries, qc, method, where, read_small)
-        elif name.endswith("_proj_blocks") and ".experts." in name:
-            _see_mxfp4(view, name, e, entries, method, where)
-        elif method == "fp8" and name.endswith(".weight") and dt not in _FLOAT_SCALE and len(shape) == 2:
-            raise ConvertError(f"{root}: {name} is {dt}; a quant_method fp8 source stores weights as F8_E4M3")
-    return view
-
-
-def _need(entries: dict, name: str, owner: str, what: str) -> dict:
-    e = entries.get(name)
-    if e is None:
-        raise ConvertError(f"{owner}: quantized, but the checkpoint lacks its {what} {name}")
-    return e
-
-
-def _check(cond: bool, message: str) -> None:
-    if not cond:
-        raise ConvertError(message)
-
-
-def _see_fp8(view: View, name: str, e: dict, entries: dict, qc: dict | None, method, where) -> None:
-    prefix = name[: -len(".weight")]
-    shape = e["shape"]
-    _check(len(shape) == 2, f"{name}: F8_E4M3 {shape}; a quantized weight is 2-D [N, K]")
-    n, k = shape
-    inv, per = prefix + ".weight_scale_inv", prefix + ".weight_scale"
-    parts = [("weight", name)]
-    if inv in entries:
-        block = (qc or {}).get("weight_block_size")
-        _check(method == "fp8" and isinstance(block, list) and len(block) == 2,
-               f"{name}: F8_E4M3 with {inv}, but {where} has no quantization_config quant_method fp8 with "
-               "weight_block_size [R, C], so its scale blocks are unknown")
-        r, c = (int(v) for v in block)
-        s = entries[inv]
-        want = [math.ceil(n / r), math.ceil(k / c)]
-        _check(s["dtype"] in _FLOAT_SCALE and s["shape"] == want,
-               f"{inv}: {s['dtype']} {s['shape']}; block {r}x{c} scales of {name} {shape} are F32 {want}")
-        enc = Encoding("fp8_block", name, (n, k), (*parts, ("scale", inv)), (r, c),
-                       pow2=str((qc or {}).get("scale_fmt", "")).lower() == "ue8m0")
-    elif per in entries:
-        s = entries[per]
-        _check(s["dtype"] in _FLOAT_SCALE and math.prod(s["shape"]) == 1,
-               f"{per}: {s['dtype']} {s['shape']}; the converter reads one per-tensor scale per FP8 weight "
-               "(per-channel FP8 sources are not read)")
-        _check(method in ("fp8", "modelopt"), f"{name}: F8_E4M3 with {per}, but {where} names no fp8 quantization")
-        enc = Encoding("fp8_tensor", name, (n, k), (*parts, ("scale", per)), (n, k))
-    else:
-        raise ConvertError(f"{name}: F8_E4M3 without {inv} or {per}; the converter cannot dequantize it")
-    view.encodings[name] = enc
-    view.consumed.update(t for _, t in enc.parts)
-    if prefix + ".input_scale" in entries:  # a static activation scale: the rollout's FP8 is dynamic
-        view.consumed.add(prefix + ".input_scale")
-
-
-def _see_nvfp4(view: View, name: str, e: dict, entries: dict, qc: dict | None, method, where) -> None:
-    prefix = name[: -len(".weight")]
-    s = entries[name + "_scale"]
-    if s["dtype"] != "F8_E4M3":
-        return  # a U8 weight with some other scale: not a layout the converter knows; left as it is
-    _check(method == "modelopt", f"{name}: NVFP4 tensors, but {where} names no modelopt NVFP4 quantization")
-    shape = e["shape"]
-    _check(len(shape) == 2, f"{name}: U8 {shape}; a packed NVFP4 weight is [N, K/2]")
-    n, k = shape[0], 2 * shape[1]
-    group = int((qc or {}).get("group_size") or 16)
-    _check(group == 16, f"{where}: NVFP4 group_size {group}; NVFP4 scales groups of 16")
-    _check(s["shape"] == [n, math.ceil(k / 16)],
-           f"{name}_scale: {s['shape']}; NVFP4 scales of {name} [N={n}, K={k}] are [{n}, {math.ceil(k / 16)}]")
-    s2 = _need(entries, name + "_scale_2", name, "global scale")
-    _check(s2["dtype"] in _FLOAT_SCALE and math.prod(s2["shape"]) == 1,
-           f"{name}_scale_2: {s2['dtype']} {s2['shape']}; the NVFP4 global scale is one float")
-    parts = [("weight", name), ("scale", name + "_scale"), ("scale_2", name + "_scale_2")]
-    if prefix + ".input_scale" in entries:
-        parts.append(("input_scale", prefix + ".input_scale"))
-    enc = Encoding("nvfp4", name, (n, k), tuple(parts), (1, 16))
-    view.encodings[name] = enc
-    view.consumed.update(t for _, t in enc.parts)
-
-
-def _see_int4(view: View, packed: str, e: dict, entries: dict, qc: dict | None, method, where, read_small) -> None:
-    prefix = packed[: -len(".weight_packed")]
-    name = prefix + ".weight"
-    _check(method == "compressed-tensors",
-           f"{packed}: a packed weight, but {where} names no compressed-tensors quantization")
-    fmt = str((qc or {}).get("format", ""))
-    _check(fmt in ("pack-quantized", "mixed-precision"),
-           f"{where}: compressed-tensors format {fmt!r}; the converter reads pack-quantized INT4")
-    groups = [g.get("weights") or {} for g in ((qc or {}).get("config_groups") or {}).values() if isinstance(g, dict)]
-    for w in groups:
-        _check(w.get("num_bits", 4) == 4 and w.get("type", "int") == "int",
-               f"{where}: compressed-tensors weights {w.get('type')} {w.get('num_bits')} bits; the converter "
-               "reads pack-quantized INT4")
-        _check(not w.get("actorder"), f"{where}: activation-ordered groups (actorder {w.get('actorder')!r}) "
-                                      "are not read; export without actorder")
-    _check(e["dtype"] == "I32" and len(e["shape"]) == 2, f"{packed}: {e['dtype']} {e['shape']}; pack-quantized "
-                                                         "INT4 packs eight codes per I32 word [N, K/8]")
-    _check(prefix + ".weight_g_idx" not in entries, f"{prefix}.weight_g_idx: activation-ordered groups are not read")
-    scale = _need(entries, prefix + ".weight_scale", packed, "scales")
-    shp = _need(entries, prefix + ".weight_shape", packed, "shape")
-    _check(shp["shape"] == [2] and shp["dtype"] in ("I64", "I32"), f"{prefix}.weight_shape: {shp['shape']}; it holds [N, K]")
-    n, k = (int(v) for v in read_small(prefix + ".weight_shape"))
-    _check(e["shape"] == [n, math.ceil(k / 8)], f"{packed}: {e['shape']}, but weight_shape says [{n}, {k}]: "
-                                               f"eight INT4 codes per word is [{n}, {math.ceil(k / 8)}]")
-    _check(scale["dtype"] in _FLOAT_SCALE and len(scale["shape"]) == 2 and scale["shape"][0] == n,
-           f"{prefix}.weight_scale: {scale['dtype']} {scale['shape']}; INT4 scales of [{n}, {k}] are [{n}, K/G]")
-    ng = scale["shape"][1]
-    sizes = {w.get("group_size") for w in groups if w.get("strategy", "group") == "group" and w.get("group_size")}
-    g = next((s for s in sorted(sizes) if math.ceil(k / s) == ng), None) if ng > 1 else k
-    if g is None and k % ng == 0:
-        g = k // ng
-    _check(g is not None, f"{prefix}.weight_scale: {ng} groups per row of K={k} match no group size")
-    parts = [("weight", packed), ("scale", prefix + ".weight_scale"), ("shape", prefix + ".weight_shape")]
-    zp = entries.get(prefix + ".weight_zero_point")
-    if zp is not None:
-        _check(zp["dtype"] == "I32" and zp["shape"] == [math.ceil(n / 8), ng],
-               f"{prefix}.weight_zero_point: {zp['dtype']} {zp['shape']}; packed zero points are I32 "
-               f"[{math.ceil(n / 8)}, {ng}]")
-        parts.append(("zero_point", prefix + ".weight_zero_point"))
-    enc = Encoding("int4", name, (n, k), tuple(parts), (1, g), symmetric=zp is None)
-    view.encodings[name] = enc
-    view.consumed.update(t for _, t in enc.parts)
-
-
-def _see_mxfp4(view: View, blocks: str, e: dict, entries: dict, method, where) -> None:
-    base, fused = blocks[: -len("_blocks")].rsplit(".", 1)  # `L.mlp.experts`, `gate_up_proj` | `down_proj`
-    _check(method == "mxfp4", f"{blocks}: fused MXFP4 experts, but {where} has no quantization_config "
-                              "quant_method mxfp4")
-    _check(fused in ("gate_up_proj", "down_proj"), f"{blocks}: unknown fused experts tensor")
-    shape = e["shape"]
-    _check(e["dtype"] == "U8" and len(shape) == 4 and shape[3] == 16,
-           f"{blocks}: {e['dtype']} {shape}; MXFP4 blocks are U8 [E, rows, K/32, 16]")
-    scales = blocks[: -len("_blocks")] + "_scales"
-    s = _need(entries, scales, blocks, "scales")
-    ne, rows, nb = shape[:3]
-    _check(s["dtype"] in ("U8", "F8_E8M0") and s["shape"] == [ne, rows, nb],
-           f"{scales}: {s['dtype']} {s['shape']}; the E8M0 scales of {blocks} are U8 [{ne}, {rows}, {nb}]")
-    k = nb * 32
-    if fused == "gate_up_proj":
-        _check(rows % 2 == 0, f"{blocks}: {rows} rows; gate and up rows interleave, so they are even")
-        outs = (("gate_proj", "even", rows // 2), ("up_proj", "odd", rows // 2))
-    else:
-        outs = (("down_proj", "all", rows),)
-    for j in range(ne):
-        for proj, parity, n in outs:
-            name = f"{base}.{j}.{proj}.weight"
-            view.encodings[name] = Encoding("mxfp4", name, (n, k), (("weight", blocks), ("scale", scales)),
-                                            (1, 32), expert=j, rows=parity)
-    view.consumed.update((blocks, scales))
+    """pcc.models.quantized.recognize, its errors as the converter's (code kept)."""
+    try:
+        return _recognize(root, config, entries, read_small)
+    except CatalogError as err:
+        raise ConvertError(str(err), code=err.code) from None
 
 
 # ---- reading and dequantizing (torch) ----
@@ -524,17 +294,3 @@ def rollout_of(plan, i: int, loaded) -> dict:
         (name, want), = t["targets"].items()
         return {name: loaded.dequantize(getattr(torch, want["dtype"]))}
     return rollout_tensors(plan, i, loaded.dequantize())
-
-
-def read_small_int(path: Path, data_start: int, entry: dict) -> list[int]:
-    """A tiny little-endian integer tensor's values, read without torch (int4's `weight_shape`)."""
-    item = _ST_ITEM[entry["dtype"]]
-    a, b = entry["data_offsets"]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        raw = os.pread(fd, b - a, data_start + a)
-    finally:
-        os.close(fd)
-    if len(raw) != b - a:
-        raise ConvertError(f"{path}: truncated while reading a {entry['dtype']} {entry['shape']} tensor")
-    return [int.from_bytes(raw[j:j + item], "little", signed=True) for j in range(0, len(raw), item)]

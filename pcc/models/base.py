@@ -6,13 +6,16 @@ Kept free of torch and numpy so that the contract checker starts fast.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from pcc.lang.diagnostics import PccError
 
+# "mtp": the MTP (NextN) module's own projection, eh_proj (the rest of an MTP layer keeps its decoder
+# families); "vision": a multimodal model's vision tower and projector. docs/models.md.
 FAMILIES = (
     "embed", "attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "router",
     "experts.gate_up", "experts.down", "shared_experts.gate_up", "shared_experts.down",
-    "norm", "lm_head", "kv_cache", "other",
+    "norm", "lm_head", "kv_cache", "mtp", "vision", "other",
 )
 
 
@@ -54,6 +57,46 @@ def lm_config(config: dict) -> dict:
     return text if isinstance(text, dict) else config
 
 
+# Config fields pcc reads as sizes: an int where present (null allowed: "not used").
+_SIZES = (
+    "num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts", "num_local_experts", "n_shared_experts",
+    "num_experts_per_tok", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step",
+    "shared_expert_intermediate_size", "index_n_heads", "index_head_dim", "num_nextn_predict_layers",
+)
+
+
+def check_config(config: dict, where: str) -> None:
+    """Refuse a config.json pcc would misread: no layer count, a size that is not an integer (a string,
+    a bool, a float), a dtype that is not one name pcc knows. PCC209, naming the file and field."""
+    if not isinstance(config, dict):
+        raise CatalogError(f"{where}: not a JSON object", code="PCC209")
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise CatalogError(f"{where}: text_config is {type(text).__name__}, not an object", code="PCC209")
+    c = lm_config(config)
+    field = "text_config.num_hidden_layers" if c is not config else "num_hidden_layers"
+    if "num_hidden_layers" not in c:
+        raise CatalogError(f"{where}: no {field}; pcc needs the decoder layer count to name the layers",
+                           code="PCC209")
+    for key in _SIZES:
+        value = c.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CatalogError(f"{where}: {key} is {value!r} ({type(value).__name__}); a size is a "
+                               f"non-negative JSON integer", code="PCC209")
+    if c["num_hidden_layers"] == 0:
+        raise CatalogError(f"{where}: {field} is 0", code="PCC209")
+    for owner in (c, config):
+        for key in ("torch_dtype", "dtype"):
+            value = owner.get(key)
+            if value is not None and (not isinstance(value, str) or value not in _TORCH_DTYPES):
+                raise CatalogError(f"{where}: {key} is {value!r}; pcc reads one of "
+                                   f"{', '.join(sorted(_TORCH_DTYPES))}", code="PCC209")
+
+
 def config_dtype(config: dict) -> str:
     """The dtype a config declares (`torch_dtype`, or transformers 5's `dtype`). When it declares
     none (gpt-oss), bfloat16: the dtype every published LLM checkpoint pcc reads stores its wide
@@ -62,3 +105,19 @@ def config_dtype(config: dict) -> str:
     name = (lm.get("torch_dtype") or lm.get("dtype") or config.get("torch_dtype") or config.get("dtype")
             or "bfloat16")
     return _TORCH_DTYPES.get(name, name)
+
+
+def inside(root: Path, name: str) -> Path:
+    """root / name, refused (PCC211) when it resolves outside the checkpoint directory (a symbolic link
+    out of it). A Hugging Face hub cache snapshot (`models--ORG--NAME/snapshots/REV/`) links its files into
+    that model's own `blobs/`, which is allowed."""
+    path = root / name
+    real, base = path.resolve(), root.resolve()
+    allowed = [base]
+    if base.parent.name == "snapshots" and base.parent.parent.name.startswith("models--"):
+        allowed.append(base.parent.parent / "blobs")
+    if not any(real.is_relative_to(a) for a in allowed):
+        link = f"a symbolic link to {real}" if path.is_symlink() else f"resolves to {real}"
+        raise CatalogError(f"{path}: {link}, outside the checkpoint directory {root}; pcc reads nothing "
+                           f"outside it (copy the file in)", code="PCC211")
+    return path

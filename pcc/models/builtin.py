@@ -44,23 +44,39 @@ def catalog_from_config(name: str, config: dict) -> Catalog:
     return assemble(name, config, records, extras)
 
 
+# Per model type: (router module, expert module prefix, the expert projections gate, up, down) of a MoE
+# layer, and per-layer non-weight tensors; every other type is the DeepSeek/Qwen spelling.
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2")),
+    # gpt-oss stores its experts fused (`mlp.experts.gate_up_proj_blocks`...); a catalog lists the logical
+    # per-expert weights pcc.models.quantized reads them as.
+    "gpt_oss": ("mlp.router", "mlp.experts", _EXPERT_PROJECTIONS),
+}
+_DEFAULT_MOE = ("mlp.gate", "mlp.experts", _EXPERT_PROJECTIONS)
+_LAYER_EXTRAS = {
+    "gpt_oss": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias", "self_attn.o_proj.bias",
+                "self_attn.sinks", "mlp.router.bias", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias"),
+}
+
+
 def tensor_names(config: dict) -> tuple[list[str], list[str]]:
     """(``*.weight`` names, other tensor names) of a HF checkpoint of ``config``,
     without MTP/nextn layers."""
     c = lm_config(config)
     attention, attention_extras = _attention_modules(c)
+    router, experts, projections = _MOE_NAMES.get(c.get("model_type"), _DEFAULT_MOE)
     weights = ["model.embed_tokens.weight"]
     extras: list[str] = []
     for layer in range(c["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         modules = ["input_layernorm", "post_attention_layernorm", *attention]
-        layer_extras = list(attention_extras)
+        layer_extras = [*attention_extras, *_LAYER_EXTRAS.get(c.get("model_type"), ())]
         if _is_moe_layer(c, layer):
-            modules.append("mlp.gate")
+            modules.append(router)
             if c.get("topk_method") == "noaux_tc":
                 layer_extras.append("mlp.gate.e_score_correction_bias")
             for expert in range(_num_experts(c)):
-                modules += [f"mlp.experts.{expert}.{proj}" for proj in _EXPERT_PROJECTIONS]
+                modules += [f"{experts}.{expert}.{proj}" for proj in projections]
             if c.get("n_shared_experts"):
                 modules += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
                             "mlp.shared_experts.down_proj"]
@@ -95,7 +111,7 @@ def _attention_modules(c: dict) -> tuple[list[str], list[str]]:
 
 
 def _num_experts(c: dict) -> int:
-    return c.get("n_routed_experts") or c.get("num_experts") or 0
+    return c.get("n_routed_experts") or c.get("num_experts") or c.get("num_local_experts") or 0
 
 
 def _is_moe_layer(c: dict, layer: int) -> bool:

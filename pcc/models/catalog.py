@@ -96,10 +96,10 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
             formulas[slot.kind] = formula_shape(slot.kind, config)
         expected = formulas[slot.kind]
         if shape is None:
-            if expected is None and slot.family == "other":
+            if expected is None and slot.family in ("other", "vision", "norm"):
                 # Only the index lists it and the config does not shape it (a vision tower, a
-                # router pcc does not model): no rule can quantize "other", so it is carried as
-                # a tensor the converter copies as it is, not as an operator.
+                # module pcc does not model): it is carried as a tensor the converter copies as
+                # it is, not as an operator.
                 unshaped.append(tensor)
                 continue
             if expected is None:
@@ -108,9 +108,10 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
                     f"not determine it; provide the safetensors shard files")
             shape = expected
         elif check_shapes and expected is not None and shape != expected:
-            raise CatalogError(
-                f"{tensor} in {where}: the safetensors header says shape {list(shape)}, "
-                f"config.json implies {list(expected)}")
+            raise CatalogError(_disagreement(tensor, where, shape, expected, dtype),
+                               code="PCC208" if _packed(shape, expected, dtype) else "PCC204")
+        if slot.family == "vision" and len(shape) != 2:
+            slot = slot._replace(family="other")  # a patch-embedding convolution, a position table: no GEMM
         placed.append((order_key(slot, tensor), Operator(tensor, slot.family, slot.layer,
                                                          slot.expert, shape, dtype)))
     placed.extend(_kv_caches(placed, config))
@@ -119,6 +120,31 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     extras = tuple(sorted([*extra_tensors, *unshaped], key=_natural))
     return Catalog(name=name, architecture=_architecture(operators), config=config,
                    operators=operators, extra_tensors=extras, source=source)
+
+
+# Stored dtype -> (what packs into one element, how many codes per element) for packed quantized weights.
+_PACKING = {"uint8": ("two E2M1 (FP4) codes per byte", 2), "int8": ("two INT4 codes per byte", 2),
+            "int32": ("eight INT4 codes per int32", 8)}
+
+
+def _packed(shape: tuple, expected: tuple, dtype: str) -> bool:
+    """Does the stored shape look like `expected` with K packed (FP4 or INT4 codes) into its dtype?"""
+    pack = _PACKING.get(dtype)
+    return (pack is not None and len(shape) == len(expected) == 2 and shape[0] == expected[0]
+            and -(-expected[1] // pack[1]) == shape[1])
+
+
+def _disagreement(tensor: str, where, shape: tuple, expected: tuple, dtype: str) -> str:
+    """The shape error; where packing explains the difference, it says so and what is missing."""
+    head = (f"{tensor} in {where}: the safetensors header says shape {list(shape)}, "
+            f"config.json implies {list(expected)}")
+    if not _packed(shape, expected, dtype):
+        return head
+    what, _ = _PACKING[dtype]
+    return (f"{head}: the weight is stored packed ({dtype}, {what}), but pcc found no scales that make it a "
+            f"quantized weight it reads (NVFP4: weight_scale F8_E4M3 + weight_scale_2 and a modelopt "
+            f"quantization_config or hf_quant_config.json; INT4: compressed-tensors weight_packed + weight_scale "
+            f"+ weight_shape); add the checkpoint's quantization files or use its BF16 release")
 
 
 def _kv_caches(placed: list[tuple[tuple, Operator]], config: dict) -> list[tuple[tuple, Operator]]:

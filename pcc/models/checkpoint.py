@@ -3,20 +3,30 @@
 A safetensors file starts with an 8-byte little-endian header length and a
 JSON header naming every tensor's dtype and shape; that is all we read, so
 a terabyte checkpoint catalogs in milliseconds and torch is never imported.
+A pre-quantized checkpoint (block FP8, NVFP4, INT4, gpt-oss MXFP4) is read
+through its logical view (pcc.models.quantized): each quantized weight is one
+operator of its real shape, its scales are neither operators nor extras.
+
+Nothing outside the directory is read: the index names shard files inside it,
+and a file that is a symbolic link must point inside it (or, in a Hugging Face
+hub cache snapshot, into that model's `blobs/`). docs/models.md.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from pcc.models.base import SAFETENSORS_DTYPES, CatalogError, config_dtype, lm_config
+from pcc.lang.inputs import InputError, read_json
+from pcc.models.base import SAFETENSORS_DTYPES, CatalogError, check_config, config_dtype, inside, lm_config
 from pcc.models.builtin import catalog_from_config
 from pcc.models.catalog import Catalog, Record, assemble
+from pcc.models.quantized import logical_records, read_small_int, recognize, recognize_names
 from pcc.models.shapes import KNOWN_MODEL_TYPES
 
 _INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100_000_000  # the safetensors format's own limit
+_MAX_JSON = 64 << 20  # DeepSeek-V3's index, the largest published, is about 9 MB
 
 
 def catalog_from_checkpoint(path: str | Path) -> Catalog:
@@ -31,24 +41,22 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
     root = Path(path)
     if not root.is_dir():
         raise CatalogError(f"{root}: not a checkpoint directory")
-    config = _read_json(root / "config.json", "config.json")
+    config = _read_json(root, "config.json")
+    check_config(config, str(root / "config.json"))
     weight_map = _read_index(root)
     files = sorted(set(weight_map.values())) if weight_map else sorted(
         p.name for p in root.glob("*.safetensors"))
     if not files:
         return _from_config_only(root, config)
-    present = [name for name in files if (root / name).is_file()]
+    present = [name for name in files if inside(root, name).exists()]
     if weight_map and not present:
-        dtype = config_dtype(config)
-        tensors = [(name, None, dtype, None) for name in weight_map]
+        weights, extras = _index_only(config, weight_map)
     elif len(present) < len(files):
         missing = sorted(set(files) - set(present))
         raise CatalogError(
             f"{root}: {_INDEX} lists shard files that are missing: {', '.join(missing)}")
     else:
-        tensors = _read_shards(root, files, weight_map)
-    weights = [record for record in tensors if record[0].endswith(".weight")]
-    extras = [record[0] for record in tensors if not record[0].endswith(".weight")]
+        weights, extras = _read_shards(root, config, files, weight_map)
     known = lm_config(config).get("model_type") in KNOWN_MODEL_TYPES
     return assemble(str(root), config, weights, extras, source=str(root), check_shapes=known)
 
@@ -62,11 +70,30 @@ def _from_config_only(root: Path, config: dict) -> Catalog:
     try:
         return catalog_from_config(str(root), config)
     except (KeyError, TypeError, ValueError) as err:
-        raise CatalogError(f"{root}: config.json lacks what the {model_type} tensor names need ({err!r})") from None
+        raise CatalogError(f"{root}: config.json lacks what the {model_type} tensor names need ({err!r})",
+                           code="PCC209") from None
 
 
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """The tensor entries of one safetensors file's header (``__metadata__`` dropped)."""
+def _index_only(config: dict, weight_map: dict[str, str]) -> tuple[list[Record], list[str]]:
+    """Names from the index, logical quantized weights by name (pcc.models.quantized), shapes later from
+    config.json."""
+    logical, consumed = recognize_names(config, weight_map)
+    dtype = config_dtype(config)
+    weights: list[Record] = [(name, None, d, None) for name, d in logical.items()]
+    extras: list[str] = []
+    for name in weight_map:
+        if name in consumed or name in logical:
+            continue
+        if name.endswith(".weight"):
+            weights.append((name, None, dtype, None))
+        else:
+            extras.append(name)
+    return weights, extras
+
+
+def read_header(path: Path) -> tuple[dict[str, dict], int]:
+    """(the tensor entries of one safetensors file's header, ``__metadata__`` dropped; the offset where
+    its data starts). Every entry has a dtype pcc knows (PCC210), a shape and data offsets."""
     size = path.stat().st_size
     with path.open("rb") as f:
         prefix = f.read(8)
@@ -88,46 +115,76 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
     for tensor, entry in header.items():
         if not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
                 and isinstance(entry.get("shape"), list)
-                and all(isinstance(dim, int) for dim in entry["shape"])):
-            raise CatalogError(f"{path}: unreadable safetensors header entry for {tensor}")
-    return header
+                and all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in entry["shape"])):
+            raise CatalogError(f"{path}: unreadable safetensors header entry for {tensor}", code="PCC210")
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
+            raise CatalogError(f"{path}: {tensor} has dtype {entry['dtype']!r}, which pcc does not know "
+                               f"(it reads {', '.join(SAFETENSORS_DTYPES)})", code="PCC210")
+    return header, 8 + length
 
 
-def _read_shards(root: Path, files: list[str], weight_map: dict[str, str]) -> list[Record]:
-    records: list[Record] = []
-    seen: dict[str, str] = {}
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """The tensor entries of one safetensors file's header (``__metadata__`` dropped)."""
+    return read_header(path)[0]
+
+
+def _read_shards(root: Path, config: dict, files: list[str], weight_map: dict[str, str]
+                 ) -> tuple[list[Record], list[str]]:
+    entries: dict[str, dict] = {}
+    where: dict[str, str] = {}
+    starts: dict[str, int] = {}
     for name in files:
-        header = read_safetensors_header(root / name)
+        path = inside(root, name)
+        if not path.is_file():
+            raise CatalogError(f"{root / name}: not a regular file", code="PCC210")
+        header, starts[name] = read_header(path)
         for tensor, entry in header.items():
-            if tensor in seen:
-                raise CatalogError(f"{tensor}: in both {seen[tensor]} and {name}")
-            seen[tensor] = name
-            dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())
-            records.append((tensor, tuple(entry["shape"]), dtype, str(root / name)))
+            if tensor in where:
+                raise CatalogError(f"{tensor}: in both {where[tensor]} and {name}")
+            where[tensor], entries[tensor] = name, entry
     for tensor, name in weight_map.items():
-        if seen.get(tensor) != name:
+        if where.get(tensor) != name:
             raise CatalogError(f"{tensor}: {_INDEX} places it in {name}, whose header lacks it")
-    return records
+
+    def small(tensor: str) -> list[int]:
+        file = where[tensor]
+        return read_small_int(inside(root, file), starts[file], entries[tensor])
+
+    view = recognize(root, config, entries, small)
+    return logical_records(root, entries, where, view)
 
 
 def _read_index(root: Path) -> dict[str, str]:
-    """The index's tensor -> shard file map; empty when there is no index."""
-    path = root / _INDEX
-    if not path.is_file():
+    """The index's tensor -> shard file map; empty when there is no index. Every value names a file
+    in the directory itself (PCC211 otherwise: nothing outside the checkpoint is read)."""
+    if not (root / _INDEX).exists():
         return {}
-    weight_map = _read_json(path, _INDEX).get("weight_map")
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CatalogError(f"{path}: no valid weight_map")
+    path = root / _INDEX
+    weight_map = _read_json(root, _INDEX).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CatalogError(f"{path}: no weight_map object", code="PCC210")
+    for tensor, file in weight_map.items():
+        if not isinstance(file, str):
+            raise CatalogError(f"{path}: weight_map[{tensor!r}] is {file!r} ({type(file).__name__}); each "
+                               f"value is the name of a .safetensors file", code="PCC210")
+        parts = PurePosixPath(file).parts
+        if (not parts or PurePosixPath(file).is_absolute() or "\\" in file or ".." in parts
+                or not file.endswith(".safetensors")):
+            raise CatalogError(f"{path}: weight_map[{tensor!r}] is {file!r}; shards are .safetensors files "
+                               f"inside {root}, and pcc reads nothing outside it", code="PCC211")
     return weight_map
 
 
-def _read_json(path: Path, what: str) -> dict:
+def _read_json(root: Path, name: str) -> dict:
+    """config.json or the index, through pcc's one input layer (regular file, bounded, strict JSON)."""
+    path = root / name
+    if not path.exists() and not path.is_symlink():
+        raise CatalogError(f"{root}: missing {name}")
+    inside(root, name)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CatalogError(f"{path.parent}: missing {what}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise CatalogError(f"{path}: unreadable {what} ({err})") from None
+        data = read_json(path, _MAX_JSON, name)
+    except InputError as err:
+        raise CatalogError(str(err), code=err.code) from None
     if not isinstance(data, dict):
-        raise CatalogError(f"{path}: {what} is not a JSON object")
+        raise CatalogError(f"{path}: {name} is not a JSON object", code="PCC210")
     return data

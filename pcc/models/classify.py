@@ -13,13 +13,22 @@ from typing import NamedTuple
 
 from pcc.models.base import lm_config
 
-# Language-model prefixes: plain causal LMs, and multimodal wrappers around one.
-_PREFIX = r"(?:model\.|model\.language_model\.|language_model\.model\.)"
+# Language-model prefixes: plain causal LMs, and multimodal wrappers around one (Kimi-K2.5 writes
+# `language_model.model.`, its ModelOpt NVFP4 export `language_model.`).
+_PREFIX = r"(?:model\.|model\.language_model\.|language_model\.model\.|language_model\.)"
 _LAYER = re.compile(
     rf"{_PREFIX}layers\.(\d+)\.(?:(?:mlp|block_sparse_moe)\.experts\.(\d+)\.)?(.+)\.weight"
 )
 _TOP = re.compile(rf"{_PREFIX}(embed_tokens|norm)\.weight|(?:language_model\.)?(lm_head)\.weight")
 _TOP_FAMILIES = {"embed_tokens": "embed", "norm": "norm", "lm_head": "lm_head"}
+# A multimodal model's vision tower and its projector into the language model (Kimi-K2.5's MoonViT
+# `vision_tower` + `mm_projector`, Qwen-VL's `visual`, LLaVA's `vision_tower` + `multi_modal_projector`).
+_VISION = re.compile(r"(?:model\.)?(?:vision_tower|visual|vision_model|mm_projector|multi_modal_projector)\."
+                     r"(?:.+\.)?([^.]+)\.weight")
+# Modules only an MTP (NextN) layer has (DeepSeek-V3 layer 61, GLM-4.5 layer 92), and their families;
+# the rest of such a layer is a decoder layer and keeps its families.
+_MTP_MODULES = {"embed_tokens": "embed", "enorm": "norm", "hnorm": "norm", "shared_head.norm": "norm",
+                "eh_proj": "mtp", "shared_head.head": "lm_head"}
 
 # Module path inside a decoder layer -> family, in canonical within-layer order.
 _LAYER_MODULES = {
@@ -38,6 +47,7 @@ _LAYER_MODULES = {
     "self_attn.kv_b_proj": "attn.kv",
     "self_attn.o_proj": "attn.o",
     "mlp.gate": "router",
+    "mlp.router": "router",  # gpt-oss
     "block_sparse_moe.gate": "router",
     "mlp.shared_expert_gate": "router",
     "mlp.shared_experts.gate_proj": "shared_experts.gate_up",
@@ -58,8 +68,8 @@ _EXPERT_MODULES = {
 }
 
 _GROUP = {  # sort position of a family inside a layer
-    "norm": 0, "attn.q": 1, "attn.kv": 1, "attn.o": 1, "kv_cache": 2, "router": 3,
-    "experts.gate_up": 4, "experts.down": 4, "shared_experts.gate_up": 5,
+    "embed": 0, "mtp": 0, "lm_head": 0, "norm": 0, "attn.q": 1, "attn.kv": 1, "attn.o": 1, "kv_cache": 2,
+    "router": 3, "experts.gate_up": 4, "experts.down": 4, "shared_experts.gate_up": 5,
     "shared_experts.down": 5, "mlp.gate_up": 6, "mlp.down": 6, "other": 7,
 }
 _RANK = {module: i for i, module in enumerate(_LAYER_MODULES)} | {
@@ -81,22 +91,26 @@ class Slot(NamedTuple):
 
 def classify(tensor: str, config: dict) -> Slot:
     """Classify a ``*.weight`` tensor name. Unknown weights are "other"
-    (layer kept when the name has one), as are layers at or past
-    ``num_hidden_layers``: MTP/nextn layers are not decoder layers."""
+    (layer kept when the name has one). A layer at or past ``num_hidden_layers``
+    is an MTP (NextN) layer: its decoder modules keep their families, its own
+    modules (eh_proj, enorm, hnorm, shared_head, embed_tokens) get theirs."""
     match = _LAYER.fullmatch(tensor)
     if match:
         layer, expert, module = int(match[1]), match[2], match[3]
+        num_layers = lm_config(config).get("num_hidden_layers")
+        mtp = isinstance(num_layers, int) and layer >= num_layers
         if expert is not None:
             family, kind = _EXPERT_MODULES.get(module, "other"), "experts." + module
             expert = int(expert)
         else:
-            family, kind = _LAYER_MODULES.get(module), module
+            family, kind = (_MTP_MODULES.get(module) if mtp else None) or _LAYER_MODULES.get(module), module
             if family is None:
                 family = "norm" if module.endswith("norm") else "other"
-        num_layers = lm_config(config).get("num_hidden_layers")
-        if num_layers is not None and layer >= num_layers:
-            family = "other"
         return Slot(family, layer, expert, kind)
+    match = _VISION.fullmatch(tensor)
+    if match:
+        norm = "norm" in match[1] or match[1].startswith("ln")
+        return Slot("norm" if norm else "vision", None, None, tensor)
     match = _TOP.fullmatch(tensor)
     if match:
         kind = match[1] or match[2]
@@ -109,7 +123,7 @@ def order_key(slot: Slot, tensor: str) -> tuple:
     router, experts by expert, shared experts, mlp, other); final norm,
     lm_head; then unplaced tensors (vision towers...) by name."""
     if slot.layer is None:
-        section = {"embed": 0, "norm": 2, "lm_head": 2}.get(slot.family, 3)
+        section = {"embed_tokens": 0, "norm": 2, "lm_head": 2}.get(slot.kind, 3)
         return (section, 0, int(slot.family == "lm_head"), -1, 0, tensor)
     expert = -1 if slot.expert is None else slot.expert
     return (1, slot.layer, _GROUP[slot.family], expert, _RANK.get(slot.kind, len(_RANK)), tensor)

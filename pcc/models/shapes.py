@@ -14,7 +14,7 @@ from pcc.models.base import lm_config
 # of other types keep the shapes their safetensors headers declare.
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe",
-    "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa",
+    "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "gpt_oss",
 })
 
 
@@ -105,6 +105,7 @@ _RULES: dict[str, Callable[[dict], tuple[int, ...]]] = {
     "mlp.up_proj": _col(lambda c: c["intermediate_size"]),
     "mlp.down_proj": _row(lambda c: c["intermediate_size"]),
     "mlp.gate": _col(_experts),
+    "mlp.router": _col(_experts),
     "block_sparse_moe.gate": _col(_experts),
     "mlp.shared_expert_gate": lambda c: (1, c["hidden_size"]),
     "experts.gate_proj": _col(_expert_width),

@@ -1,8 +1,13 @@
 """Operator patterns: family globs and aliases, tensor-name globs, layer ranges.
 
 Canonical text (the same in .prec and JSON): ``experts.*``, ``linear[0,-1]``,
-``attn.q[3..60]``, ``name:model.visual.*``. A glob never selects the families
-that are not GEMMs (norm, embed, kv_cache, other); naming one selects it.
+``attn.q[3..60]``, ``name:model.visual.*``, ``mtp``. A glob (and ``all``) never
+selects the families that are not GEMMs (norm, embed, kv_cache, other), nor
+``mtp`` and ``vision``, which SGLang loads wide unless told; naming one selects it.
+``mtp`` selects every GEMM of the MTP (NextN) layers, the layers numbered from
+``num_hidden_layers`` on: their attention, experts, shared experts and their own
+``eh_proj`` (family ``mtp``). Layer ranges count decoder layers only, so
+``linear[-1]`` is the last decoder layer, never an MTP layer. docs/models.md.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ from pcc.models import FAMILIES
 LINEAR = ("attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "experts.gate_up", "experts.down",
           "shared_experts.gate_up", "shared_experts.down")
 NON_GEMM = ("norm", "embed", "kv_cache", "other")
+NAMED_ONLY = NON_GEMM + ("mtp", "vision")  # families a glob or `all` never selects
+# What `mtp` selects inside the MTP layers: every GEMM family.
+_MTP_FAMILIES = tuple(f for f in FAMILIES if f not in NON_GEMM and f != "vision")
 ALIASES: dict[str, tuple[str, ...]] = {
     "linear": LINEAR,
     "attn": ("attn.q", "attn.kv", "attn.o"),
     "mlp": ("mlp.gate_up", "mlp.down"),
     "experts": ("experts.gate_up", "experts.down"),
     "shared_experts": ("shared_experts.gate_up", "shared_experts.down"),
-    "all": tuple(f for f in FAMILIES if f not in NON_GEMM),
+    "all": tuple(f for f in FAMILIES if f not in NAMED_ONLY),
 }
 VOCABULARY = tuple(FAMILIES) + tuple(ALIASES)
 _LAYERS = re.compile(r"^(?P<head>.*?)\[(?P<ranges>-?\d+(?:\.\.-?\d+)?(?:,-?\d+(?:\.\.-?\d+)?)*)\]$")
@@ -35,8 +43,12 @@ class Pattern:
     families: tuple[str, ...]  # empty for a name glob
     name_regex: re.Pattern | None
     layers: tuple[tuple[int, int], ...] | None  # inclusive ranges, may be negative
+    mtp: bool = False  # `mtp`: only the MTP layers (numbered from num_layers on)
 
-    def layer_set(self, num_layers: int) -> frozenset[int] | None:
+    def layer_set(self, num_layers: int):
+        """The layers selected (a container of layer numbers), None for every layer."""
+        if self.mtp:
+            return _From(num_layers)
         if self.layers is None:
             return None
         out = set()
@@ -44,6 +56,16 @@ class Pattern:
             lo, hi = (lo + num_layers if lo < 0 else lo), (hi + num_layers if hi < 0 else hi)
             out.update(range(max(lo, 0), min(hi, num_layers - 1) + 1))
         return frozenset(out)
+
+
+class _From:
+    """Every layer number from `first` on: the MTP layers, however many a model has."""
+
+    def __init__(self, first: int):
+        self.first = first
+
+    def __contains__(self, layer) -> bool:
+        return isinstance(layer, int) and layer >= self.first
 
 
 class PatternError(ValueError):
@@ -77,10 +99,15 @@ def parse_pattern(text: str) -> Pattern:
         if not glob:
             raise PatternError("empty tensor-name glob")
         return Pattern(text, (), re.compile(fnmatch.translate(glob)), layers)
+    if head == "mtp":
+        if layers is not None:
+            raise PatternError(f"'{text}': mtp takes no layer range (layer ranges count decoder layers)",
+                               "write mtp, or a name glob such as \"model.layers.61.*\"")
+        return Pattern(text, _MTP_FAMILIES, None, None, mtp=True)
     if head in ALIASES:
         return Pattern(text, ALIASES[head], None, layers)
     if any(ch in head for ch in "*?["):
-        fams = tuple(f for f in FAMILIES if f not in NON_GEMM and fnmatch.fnmatchcase(f, head))
+        fams = tuple(f for f in FAMILIES if f not in NAMED_ONLY and fnmatch.fnmatchcase(f, head))
         if not fams:
             from pcc.lang.diagnostics import did_you_mean
 

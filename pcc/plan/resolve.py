@@ -307,6 +307,9 @@ def _match(pat: Pattern, groups, num_layers: int, ops) -> tuple[list, list[int]]
 
 
 def _why_nothing(pat: Pattern, catalog: Catalog) -> str:
+    if pat.mtp:
+        return (f"'{catalog.name}' lists no MTP layer (layer {catalog.num_layers} on): built-in catalogs and "
+                "config-only directories leave it out; the checkpoint's index lists it")
     if pat.layers is not None:
         return f"the model has layers 0..{catalog.num_layers - 1}"
     if any(f.startswith(("experts", "router")) for f in pat.families) and not catalog.is_moe:

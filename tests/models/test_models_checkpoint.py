@@ -97,10 +97,10 @@ def test_mla_checkpoint_agrees_with_config(tmp_path):
            "model.layers.3.mlp.experts.1.up_proj.weight": torch.zeros(32, 64, dtype=torch.bfloat16)}
     read = catalog_from_checkpoint(write_checkpoint(tmp_path / "mla", cfg, tensors_for(built, mtp)))
     assert read.operators[:len(built.operators) - 2] == built.operators[:-2]
-    others = [op for op in read.operators if op.family == "other"]
-    assert [(op.tensor, op.layer, op.expert) for op in others] == [
-        ("model.layers.3.eh_proj.weight", 3, None), ("model.layers.3.enorm.weight", 3, None),
-        ("model.layers.3.mlp.experts.1.up_proj.weight", 3, 1)]
+    mtp_layer = [op for op in read.operators if op.layer == 3]  # the MTP layer: its own families
+    assert [(op.tensor, op.family, op.expert) for op in mtp_layer] == [
+        ("model.layers.3.eh_proj.weight", "mtp", None), ("model.layers.3.enorm.weight", "norm", None),
+        ("model.layers.3.mlp.experts.1.up_proj.weight", "experts.gate_up", 1)]
     assert read.operators[-2:] == built.operators[-2:]  # final norm, lm_head stay last
     assert read.extra_tensors == built.extra_tensors  # e_score_correction_bias x 2
     assert read.architecture == "mla_moe"
@@ -117,13 +117,29 @@ def test_index_only_takes_shapes_from_config(tmp_path):
 
 def test_unknown_tensor_is_other(tmp_path):
     built = load_catalog("tiny_dense")
-    extra = {"visual.blocks.0.attn.qkv.weight": torch.zeros(6, 2, dtype=torch.bfloat16)}
+    extra = {"model.layers.1.adapter.scale_proj.weight": torch.zeros(6, 2, dtype=torch.bfloat16),
+             "speech_encoder.proj.weight": torch.zeros(3, 2, dtype=torch.bfloat16)}
     read = catalog_from_checkpoint(
         write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built, extra)))
-    op = read.operators[-1]
-    assert (op.tensor, op.family, op.layer, op.expert, op.shape) == (
-        "visual.blocks.0.attn.qkv.weight", "other", None, None, (6, 2))
-    assert read.operators[:-1] == built.operators
+    others = [(op.tensor, op.family, op.layer, op.expert, op.shape) for op in read.operators if op.family == "other"]
+    assert others == [("model.layers.1.adapter.scale_proj.weight", "other", 1, None, (6, 2)),
+                      ("speech_encoder.proj.weight", "other", None, None, (3, 2))]
+    assert [op for op in read.operators if op.family != "other"] == list(built.operators)
+
+
+def test_vision_tower_is_the_vision_family(tmp_path):
+    """Qwen-VL's `visual.*` linears are `vision` operators, its norms `norm`, a conv patch embedding `other`;
+    all after the language model's tensors."""
+    built = load_catalog("tiny_dense")
+    extra = {"visual.blocks.0.attn.qkv.weight": torch.zeros(6, 2, dtype=torch.bfloat16),
+             "visual.blocks.0.norm1.weight": torch.zeros(2, dtype=torch.bfloat16),
+             "visual.patch_embed.proj.weight": torch.zeros(2, 3, 2, 2, dtype=torch.bfloat16)}
+    read = catalog_from_checkpoint(
+        write_checkpoint(tmp_path / "ckpt", built.config, tensors_for(built, extra)))
+    assert read.operators[:len(built.operators)] == built.operators
+    assert [(op.tensor, op.family) for op in read.operators[len(built.operators):]] == [
+        ("visual.blocks.0.attn.qkv.weight", "vision"), ("visual.blocks.0.norm1.weight", "norm"),
+        ("visual.patch_embed.proj.weight", "other")]
 
 
 def test_single_file_without_index(tmp_path):

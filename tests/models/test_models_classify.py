@@ -31,15 +31,33 @@ DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 61}
     # DSA indexer: its norm is a norm; its projections have no family of their own.
     ("model.layers.7.self_attn.indexer.k_norm.weight", "norm", 7, None),
     ("model.layers.7.self_attn.indexer.wq_b.weight", "other", 7, None),
-    # MTP layer 61 sits past the 61 decoder layers.
-    ("model.layers.61.eh_proj.weight", "other", 61, None),
-    ("model.layers.61.shared_head.norm.weight", "other", 61, None),
-    ("model.layers.61.self_attn.q_a_proj.weight", "other", 61, None),
-    ("model.layers.61.mlp.experts.9.down_proj.weight", "other", 61, 9),
-    # Vision towers and multimodal wrappers.
-    ("visual.blocks.0.attn.qkv.weight", "other", None, None),
+    # MTP layer 61 sits past the 61 decoder layers: its decoder modules keep their families (a `linear`
+    # rule quantizes them, as DeepSeek's FP8 checkpoint does), its own modules get theirs.
+    ("model.layers.61.eh_proj.weight", "mtp", 61, None),
+    ("model.layers.61.enorm.weight", "norm", 61, None),
+    ("model.layers.61.hnorm.weight", "norm", 61, None),
+    ("model.layers.61.embed_tokens.weight", "embed", 61, None),
+    ("model.layers.61.shared_head.norm.weight", "norm", 61, None),
+    ("model.layers.61.shared_head.head.weight", "lm_head", 61, None),
+    ("model.layers.61.self_attn.q_a_proj.weight", "attn.q", 61, None),
+    ("model.layers.61.mlp.gate.weight", "router", 61, None),
+    ("model.layers.61.mlp.experts.9.down_proj.weight", "experts.down", 61, 9),
+    ("model.layers.61.mlp.shared_experts.up_proj.weight", "shared_experts.gate_up", 61, None),
+    # In a decoder layer an MTP module name means nothing: eh_proj at layer 3 is "other".
+    ("model.layers.3.eh_proj.weight", "other", 3, None),
+    # Vision towers (Qwen-VL `visual`, Kimi-K2.5 MoonViT `vision_tower` + `mm_projector`) and
+    # multimodal wrappers (`language_model.model.`, ModelOpt's `language_model.`).
+    ("visual.blocks.0.attn.qkv.weight", "vision", None, None),
+    ("vision_tower.encoder.blocks.3.wqkv.weight", "vision", None, None),
+    ("vision_tower.encoder.blocks.3.norm0.weight", "norm", None, None),
+    ("mm_projector.proj.0.weight", "vision", None, None),
+    ("mm_projector.pre_norm.weight", "norm", None, None),
     ("language_model.model.layers.2.self_attn.q_b_proj.weight", "attn.q", 2, None),
+    ("language_model.layers.2.mlp.experts.7.gate_proj.weight", "experts.gate_up", 2, 7),
+    ("language_model.model.embed_tokens.weight", "embed", None, None),
     ("language_model.lm_head.weight", "lm_head", None, None),
+    # gpt-oss: the router is `mlp.router` (with a bias, an extra).
+    ("model.layers.5.mlp.router.weight", "router", 5, None),
     # Mixtral and Qwen2-MoE spellings.
     ("model.layers.2.block_sparse_moe.gate.weight", "router", 2, None),
     ("model.layers.2.block_sparse_moe.experts.5.w2.weight", "experts.down", 2, 5),
