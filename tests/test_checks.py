@@ -29,6 +29,10 @@ NO_FIXTURE = {
     "PCC701": "a bundle that cannot be written or read", "PCC702": "a checkpoint conversion that cannot go on",
     "PCC703": "the embedded runtime cannot run", "PCC704": "an engine did not do what was asked",
     "PCC705": "diff cannot compare",
+    # PCC208-PCC211: faults of a model directory, not of a contract's text; pcc.plan.load_model reports
+    # them under PCC204 at `model from`. tests/models/test_models_inputs.py checks each code.
+    "PCC208": "a quantized checkpoint pcc cannot read", "PCC209": "config.json pcc would misread",
+    "PCC210": "a checkpoint file of the wrong form", "PCC211": "a checkpoint file outside its directory",
     # an input that is no regular file cannot be a committed fixture (tests/lang/test_inputs.py)
     "PCC109": "a link to /dev/zero, a FIFO", "PCC706": "a bundle that does not match its manifest",
     "PCC707": "a run directory refused", "PCC708": "a setting out of range", "PCC709": "an output the disk refused",
