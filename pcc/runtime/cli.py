@@ -7,6 +7,8 @@ knows only its own. Handlers are `fn(args, rep) -> exit code` (pcc/cli.py, docs/
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import sys
 
 # --target NAME -> fn(args, rep): the embedded runtime here, others added by pcc/cli.py.
@@ -17,6 +19,28 @@ def add_run_target(name: str, fn) -> None:
     RUN_TARGETS[name] = fn
 
 
+def bounded(name: str):
+    """An argparse type for the run setting `name`: its range is pcc.runtime.loop.RANGES (the one RunConfig
+    checks), so `--lr -1` or `--temperature 0` is a usage error naming the flag and its range."""
+    from .loop import RANGES, in_range
+
+    kind = int if isinstance(RANGES[name][0], int) else float
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        why = in_range(name, value)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return value
+
+    parse.__name__ = name  # argparse names the type in "invalid <name> value"
+    return parse
+
+
 def _common(s) -> None:
     s.add_argument("contract", metavar="CONTRACT|BUNDLE",
                    help="a contract file, or a bundle directory with contract.prec")
@@ -24,11 +48,12 @@ def _common(s) -> None:
                                    "or auto (the default): the contract's own model when it is CPU-size, else its "
                                    "stand-in of the same structure, docs/runtime.md): "
                                    "re-resolved on hardware cpu with one-device parallelism")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--prompts", type=int, default=None, help="prompts per step (default 64)")
-    s.add_argument("--group", type=int, default=None, help="samples per prompt (default 8)")
-    s.add_argument("--lr", type=float, default=None, help="learning rate (default 3e-4)")
-    s.add_argument("--temperature", type=float, default=None)
+    s.add_argument("--seed", type=bounded("seed"), default=0)
+    s.add_argument("--prompts", type=bounded("prompts"), default=None, help="prompts per step (default 64; 1-4096)")
+    s.add_argument("--group", type=bounded("group"), default=None, help="samples per prompt (default 8; 2-256)")
+    s.add_argument("--lr", type=bounded("lr"), default=None, help="learning rate (default 3e-4; 0 < lr <= 1)")
+    s.add_argument("--temperature", type=bounded("temperature"), default=None,
+                   help="sampling temperature (default 1; 0.01-100)")
     s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout (docs/cli.md)")
 
 
@@ -41,13 +66,18 @@ def register(sub) -> None:
                         "registered launcher, e.g. miles (Megatron + SGLang over Ray, from the bundle)")
     s.add_argument("--dry-run", action="store_true",
                    help="with a target that launches elsewhere: print the launch, start nothing")
-    s.add_argument("--steps", type=int, default=30)
-    s.add_argument("-o", "--out", metavar="DIR", help="run directory (default runs/<contract>-s<seed>)")
-    s.add_argument("--resume", action="store_true", help="continue from the run directory's last completed step")
+    s.add_argument("--steps", type=bounded("steps"), default=30)
+    s.add_argument("-o", "--out", metavar="DIR", help="run directory (default runs/<contract>-s<seed>); an existing "
+                   "run is continued only with --resume, started again only with --force (docs/runtime.md)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its last completed step "
+                   "(the same contract and settings)")
+    g.add_argument("--force", action="store_true", help="start the run in --out again, deleting its metrics and "
+                   "checkpoints (never a directory of other files)")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (they need matplotlib)")
     s.add_argument("--inject-fault", metavar="KIND:VERSION:TENSOR",
                    help="fault injection: drop or corrupt one tensor of one version's transfer")
-    s.add_argument("--crash-at", type=int, metavar="STEP", help="fault injection: crash in STEP, after its rollout")
+    s.add_argument("--crash-at", type=bounded("steps"), metavar="STEP", help="fault injection: crash in STEP, after its rollout")
     s.set_defaults(fn=cmd_run, passthrough=[])
     s.epilog = "pcc run BUNDLE --target miles [--dry-run] -- ARGS...: ARGS go to the launcher (Miles' own flags)"
     _pass_through(s)
@@ -57,7 +87,7 @@ def register(sub) -> None:
     t = esub.add_parser("trainer-variants", help="seed Table 5: BF16 / forward QDQ / forward+backward QDQ / real "
                                                   "trainer against the contract's quantized rollout")
     _common(t)
-    t.add_argument("--steps", type=int, default=4)
+    t.add_argument("--steps", type=bounded("steps"), default=4)
     t.set_defaults(fn=cmd_trainer_variants)
 
 
@@ -76,13 +106,16 @@ def _pass_through(s) -> None:
     s.parse_known_args = parse_known_args
 
 
-def _config(args):
-    from .loop import RunConfig
+def _config(args, rep):
+    from .loop import MAX_ROWS, RunConfig
 
     cfg = RunConfig(steps=args.steps, seed=args.seed)
     for k in ("prompts", "group", "lr", "temperature"):
         if getattr(args, k) is not None:
             setattr(cfg, k, getattr(args, k))
+    if cfg.prompts * cfg.group > MAX_ROWS:
+        raise rep.usage(f"--prompts {cfg.prompts} x --group {cfg.group} = {cfg.prompts * cfg.group} sequences: more "
+                        f"than the {MAX_ROWS} the embedded runtime holds at once")
     return cfg
 
 
@@ -141,18 +174,25 @@ def _run_embedded(args, rep) -> int:
         fault = _fault(args.inject_fault)
     except ValueError as exc:
         raise rep.usage(str(exc)) from None
+    cfg = _config(args, rep)
     c = _compile(args, rep)
     if c is None:
         return 1
-    cfg = _config(args)
     cfg.fault, cfg.crash_at = fault, args.crash_at
     out = Path(args.out or f"runs/{c.plan.contract.name}-s{args.seed}")
+    again = f"pcc run {shlex.quote(args.contract)} --resume --out {shlex.quote(str(out))}"
     try:
-        summary = execute(c, cfg, out, resume=args.resume, plots=not args.no_plots)
+        summary = execute(c, cfg, out, resume=args.resume, plots=not args.no_plots, force=args.force)
     except InjectedCrash as exc:
-        return rep.fail(f"{exc}; continue with: pcc run {args.contract} --resume --out {out}")
+        return rep.fail(f"{exc}; continue with: {again}")
+    except KeyboardInterrupt:
+        rep.error(f"interrupted; {out} keeps its last completed step: continue with: {again}")
+        return 130
+    except OSError as exc:  # a full or read-only disk: one line naming the path
+        return rep.fail(f"{exc.filename or out}: cannot write: {exc.strerror}", file=str(exc.filename or out),
+                        code="PCC709")
     except (PlotError, ValueError) as exc:
-        return rep.fail(str(exc))
+        return rep.fail(str(exc), code=getattr(exc, "code", None) or None)
     rep.result = summary
     rep.say(render(summary))
     rep.say(f"run directory: {out}")
@@ -165,14 +205,15 @@ def cmd_trainer_variants(args, rep) -> int:
     from .experiment import render, trainer_variants
     from .session import set_threads
 
+    cfg = _config(args, rep)
     set_threads()
     c = _compile(args, rep)
     if c is None:
         return 1
     try:
-        res = trainer_variants(c.plan, _config(args))
+        res = trainer_variants(c.plan, cfg)
     except ValueError as exc:
-        return rep.fail(str(exc))
+        return rep.fail(str(exc), code=getattr(exc, "code", None) or None)
     rep.result = res
     rep.say(render(res))
     if not res["finding"]["reproduced"]:

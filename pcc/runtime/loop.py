@@ -9,15 +9,22 @@ version active and stops the run with the error that names the tensor.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as load_bytes
+
+from pcc.lang.diagnostics import PccError
+from pcc.lang.inputs import InputError, read_json
 
 from . import diagnostics as D
-from .checkpoint import load_tensors, save_tensors, write_json
+from .checkpoint import save_tensors, write_json
+from .rundir import RunDirError
 from .model import Arch, forward
 from .objective import advantages, objective
 from .rollout import RolloutEngine
@@ -25,13 +32,36 @@ from .sync import Fault, SyncError, convert_adapter, manifest, receive, transfer
 from .weights import bridge_tensors
 from .task import ReverseTask
 from .trainer import Trainer
-from .warmstart import RECIPE, _Plain, warm_start
+from .warmstart import RECIPE, _Plain, digest, warm_start
 
 PHASES = ("activate", "rollout", "rescore", "train", "convert", "transfer", "checkpoint")
 
 
 class InjectedCrash(RuntimeError):
     """A crash the run was asked to simulate (fault injection)."""
+
+
+class SettingError(PccError, ValueError):
+    """A run setting outside its range (PCC708); on the command line argparse says the same per flag."""
+
+    code = "PCC708"
+
+
+MAX_ROWS = 16384  # prompts x group: the batch the embedded runtime holds in memory at once
+# name -> (low, high, low excluded): the ranges `pcc run` flags and RunConfig share (docs/runtime.md).
+RANGES = {"steps": (1, 1_000_000, False), "seed": (0, 2**32 - 1, False), "prompts": (1, 4096, False),
+          "group": (2, 256, False), "lr": (0.0, 1.0, True), "temperature": (0.01, 100.0, False)}
+
+
+def in_range(name: str, value) -> str | None:
+    """Why `value` is not a valid `name`, or None."""
+    lo, hi, open_lo = RANGES[name]
+    kind = int if isinstance(lo, int) else float
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        return f"expected {'a whole number' if kind is int else 'a number'}, got {value!r}"
+    if not math.isfinite(value) or value < lo or value > hi or (open_lo and value == lo):
+        return f"{value} is out of range: expected {lo} {'<' if open_lo else '<='} {name} <= {hi}"
+    return None
 
 
 @dataclass
@@ -51,6 +81,17 @@ class RunConfig:
     fault: Fault | None = None
     crash_at: int | None = None  # raise InjectedCrash in this step, after its rollout
 
+    def check(self) -> None:
+        """SettingError (PCC708) for the first setting out of range: a run never starts on a temperature of
+        0 (a division by zero) or -1, a negative learning rate, or a batch beyond memory."""
+        for name in RANGES:
+            why = in_range(name, getattr(self, name))
+            if why is not None:
+                raise SettingError(f"{name}: {why}")
+        if self.prompts * self.group > MAX_ROWS:
+            raise SettingError(f"prompts x group = {self.prompts * self.group}: more than the {MAX_ROWS} sequences "
+                               "the embedded runtime holds at once")
+
 
 @dataclass
 class Package:
@@ -62,6 +103,7 @@ class Package:
 
 class Run:
     def __init__(self, plan, cfg: RunConfig, out: Path | None = None, resume: bool = False):
+        cfg.check()
         self.plan, self.cfg, self.out = plan, cfg, Path(out) if out is not None else None
         c = plan.contract
         self.sync_cfg, self.correction, self.replay = c.sync, c.correction, c.routing_replay
@@ -71,15 +113,17 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.warm_info: dict = {}  # the warm start's record: steps, attempt, held-out quality, cache key
         warm, self.warm_cached = warm_start(self.arch, self.task, cfg.seed, cfg.warm, info=self.warm_info)
+        self.warm_sha256 = digest(warm)  # a resumed run must start from the same warm start
         self.reference = _Plain(warm)  # the BF16 reference policy
         self.trainer = Trainer(self.arch, plan, warm, cfg.lr, cfg.variant, cfg.seed)
         self.rollout = RolloutEngine(self.arch, plan, self.trainer.scaling)
         self.adapter = c.sync.moves == "adapter"
         self.pending: list[Package] = []
+        self.saved: dict[str, dict] = {}  # pending-V.safetensors -> its record: written once per version
         self.history: list[dict] = []
         self.start = 0
-        if resume and self.out is not None and (self.out / "checkpoint" / "state.json").is_file():
-            self._restore()
+        if resume and self.out is not None:
+            self._restore()  # RunDirError when there is nothing (whole) to resume: never a silent fresh start
         else:
             base = bridge_tensors(plan, self.trainer.weights(), c.sync.bridge)  # version 0
             self.rollout.activate(manifest(0, "full_weights", base, c.sync.bridge),
@@ -198,43 +242,112 @@ class Run:
 
     # -- persistence --------------------------------------------------------------------
     def _checkpoint(self, completed: int) -> None:
+        """Each step's tensors go to new files named by the step, then state.json (atomic) names them with their
+        SHA-256, then the old ones go: a crash at any point leaves one whole checkpoint that state.json names."""
         if self.out is None:
             return
         d = self.out / "checkpoint"
-        save_tensors(d / "trainer.safetensors", self.trainer.state())
         act = self.rollout.active
-        save_tensors(d / "rollout.safetensors", act.wire)
+        files = {"trainer": self._save(d, f"trainer-{completed}.safetensors", self.trainer.state()),
+                 "rollout": self._save(d, f"rollout-{completed}.safetensors", act.wire)}
         if act.base is not None:
-            save_tensors(d / "rollout-base.safetensors", act.base.wire)
-        keep = {f"pending-{q.version}.safetensors" for q in self.pending}
+            files["rollout_base"] = self._save(d, f"rollout-base-{completed}.safetensors", act.base.wire)
         for q in self.pending:
-            if not (d / f"pending-{q.version}.safetensors").is_file():
-                save_tensors(d / f"pending-{q.version}.safetensors", q.received)
+            name = f"pending-{q.version}.safetensors"
+            if name not in self.saved:
+                files[name] = self._save(d, name, q.received)
+            else:
+                files[name] = self.saved[name]
         write_json(d / "state.json", {"completed": completed, "version": self.trainer.version,
                                       "opt_steps": self.trainer.steps, "rollout_manifest": act.manifest,
                                       "base_manifest": act.base.manifest if act.base is not None else None,
                                       "pending": [{"version": q.version, "manifest": q.manifest, "bytes": q.nbytes}
-                                                  for q in self.pending]})
-        for f in d.glob("pending-*.safetensors"):  # versions activated or superseded
+                                                  for q in self.pending],
+                                      "warm_sha256": self.warm_sha256, "files": files})
+        keep = {f["name"] for f in files.values()}
+        self.saved = {k: v for k, v in files.items() if k.startswith("pending-")}
+        for f in d.glob("*.safetensors"):  # the previous step's, versions activated or superseded
             if f.name not in keep:
                 f.unlink()
 
+    @staticmethod
+    def _save(d: Path, name: str, tensors: dict) -> dict:
+        save_tensors(d / name, tensors)
+        return {"name": name, "sha256": hashlib.sha256((d / name).read_bytes()).hexdigest()}
+
     def _restore(self) -> None:
+        """Continue from checkpoint/state.json; RunDirError naming the file when it or a file it names is
+        missing, damaged (its SHA-256 differs) or of another run."""
         d = self.out / "checkpoint"
-        st = json.loads((d / "state.json").read_text(encoding="utf-8"))
-        self.trainer.load_state(load_tensors(d / "trainer.safetensors"), st["version"], st["opt_steps"])
-        if st["base_manifest"] is not None:  # an adapter installs over its base
-            self.rollout.activate(st["base_manifest"], load_tensors(d / "rollout-base.safetensors"))
-        self.rollout.activate(st["rollout_manifest"], load_tensors(d / "rollout.safetensors"))
-        for q in st["pending"]:
-            self.pending.append(Package(q["version"], q["manifest"],
-                                        load_tensors(d / f"pending-{q['version']}.safetensors"), q["bytes"]))
-        self.start = st["completed"]
-        lines = (self.out / "metrics.jsonl").read_text(encoding="utf-8").splitlines() \
-            if (self.out / "metrics.jsonl").is_file() else []
-        self.history = [json.loads(x) for x in lines if json.loads(x)["step"] < self.start]
-        with open(self.out / "metrics.jsonl", "w", encoding="utf-8") as fh:
+        state = d / "state.json"
+        if not state.exists():
+            raise RunDirError(f"{state}: missing: no completed step to resume (the metrics are kept); "
+                              "--force starts the run again")
+        try:
+            st = read_json(state, what="run state")
+            start, version, opt_steps = st["completed"], st["version"], st["opt_steps"]
+            files, pending = st["files"], st["pending"]
+            if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (start, version, opt_steps)):
+                raise ValueError("step counts are not whole numbers")
+        except InputError as exc:
+            raise RunDirError(f"{exc.message}; the run cannot be resumed (--force starts it again)") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunDirError(f"{state}: damaged ({type(exc).__name__}: {exc}); the run cannot be resumed "
+                              "(--force starts it again)") from None
+        if st.get("warm_sha256") != self.warm_sha256:
+            raise RunDirError(f"{state}: the run began from another warm start than the one this machine builds now "
+                              "(a changed or damaged warm-start cache, or another pcc); it cannot be resumed exactly: "
+                              "--force starts it again")
+        try:
+            self.trainer.load_state(self._load(d, files["trainer"]), version, opt_steps)
+            if st["base_manifest"] is not None:  # an adapter installs over its base
+                self.rollout.activate(st["base_manifest"], self._load(d, files["rollout_base"]))
+            self.rollout.activate(st["rollout_manifest"], self._load(d, files["rollout"]))
+            for q in pending:
+                name = f"pending-{q['version']}.safetensors"
+                self.pending.append(Package(q["version"], q["manifest"], self._load(d, files[name]), q["bytes"]))
+                self.saved[name] = files[name]
+        except RunDirError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise RunDirError(f"{state}: does not fit this run ({type(exc).__name__}: {exc}); --force starts it "
+                              "again") from None
+        self.start = start
+        self.history = []
+        metrics = self.out / "metrics.jsonl"
+        if metrics.is_file():
+            for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+                try:
+                    m = json.loads(line)
+                    step = m["step"]
+                except (ValueError, KeyError, TypeError):
+                    if n == 1 + start:  # a line cut by the crash after the last completed step
+                        break
+                    raise RunDirError(f"{metrics}:{n}: damaged; the run cannot be resumed") from None
+                if step < start:
+                    self.history.append(m)
+        tmp = metrics.with_name(f".{metrics.name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(x) + "\n" for x in self.history)
+        tmp.replace(metrics)
+
+    @staticmethod
+    def _load(d: Path, rec) -> dict[str, torch.Tensor]:
+        """The tensors of a checkpoint file state.json names, if its bytes are the ones recorded."""
+        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or "/" in rec["name"]:
+            raise RunDirError(f"{d / 'state.json'}: damaged (a file record is {rec!r})")
+        path = d / rec["name"]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise RunDirError(f"{path}: cannot read ({exc.strerror}); the run cannot be resumed") from None
+        if hashlib.sha256(data).hexdigest() != rec.get("sha256"):
+            raise RunDirError(f"{path}: damaged (its SHA-256 is not the one state.json recorded); the run cannot be "
+                              "resumed (--force starts it again)")
+        try:
+            return load_bytes(data)
+        except Exception as exc:  # noqa: BLE001 - the safetensors parser's own error, on bytes we hashed
+            raise RunDirError(f"{path}: unreadable ({exc}); the run cannot be resumed") from None
 
 
 def _score(arch, ex, tokens, prompt_len, temperature):

@@ -8,9 +8,13 @@ import time
 from pathlib import Path
 
 from .checkpoint import save_model, save_tensors, write_json
-from .loop import InjectedCrash, Run, RunConfig
+from .contract import ContractError
+from .loop import InjectedCrash, Run, RunConfig, SettingError
 from .report import render, summarize
+from .rundir import identity, prepare
 from .sync import SyncError
+
+MAX_THREADS = 1024
 
 
 def set_threads() -> None:
@@ -18,7 +22,14 @@ def set_threads() -> None:
     shared 2-core machine a second thread costs more in contention than it gains."""
     import torch
 
-    torch.set_num_threads(int(os.environ.get("PCC_THREADS", "1")))
+    text = os.environ.get("PCC_THREADS", "1")
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise SettingError(f"PCC_THREADS={text!r}: expected a whole number from 1 to {MAX_THREADS}")
+    torch.set_num_threads(n)
 
 
 def _bar(total: int, initial: int, enabled: bool):
@@ -32,18 +43,30 @@ def _bar(total: int, initial: int, enabled: bool):
 
 
 def execute(compiled, cfg: RunConfig, out: Path, resume: bool = False, plots: bool = True,
-            progress: bool | None = None) -> dict:
-    """Run and write `out`; returns the summary (status "failed" with the error when a sync was refused)."""
+            progress: bool | None = None, force: bool = False) -> dict:
+    """Run and write `out`; returns the summary (status "failed" with the error when a sync was refused).
+    `out` is checked first (pcc.runtime.rundir): an existing run is continued only with `resume`, started
+    again only with `force`, and a directory of other files never written into."""
     if plots:
         from .plots import require
 
         require()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    ref = compiled.plan.contract.model
+    if compiled.model_override is None and ref is not None and ref.path is not None:
+        raise ContractError(f"{compiled.path}: its model is the checkpoint {ref.path}, but the embedded runtime trains "
+                            "its own warm-started weights, never a checkpoint's: the run would not be of that model; "
+                            "pass --model with a catalog of the same structure (tiny_dense, tiny_moe, "
+                            "tiny_shared_moe) to run the contract's precision on it")
+    cfg.check()
     set_threads()
+    out = Path(out)
+    ident = identity(_lock(compiled.plan), compiled.model_override, cfg)
+    prepare(out, ident, resume, force)
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     run = Run(compiled.plan, cfg, out, resume=resume)
     write_json(out / "run.json", {"contract": compiled.path, "model_override": compiled.model_override,
+                                  "identity": ident,
                                   "config": {k: v for k, v in vars(cfg).items() if k != "fault"},
                                   "fault": vars(cfg.fault) if cfg.fault else None})
     bar = _bar(cfg.steps, run.start, sys.stderr.isatty() if progress is None else progress)
