@@ -225,6 +225,7 @@ def test_compile_model_from_a_block_fp8_directory(fp8, tmp_path, capsys):
     assert main(["compile", str(contract), "-o", str(bundle)]) == 0, capsys.readouterr().err
     capsys.readouterr()
     doc = json.loads((bundle / "convert" / "plan.json").read_text())
+    assert not [e["source"] for e in doc["copied"] if "scale" in e["source"]]  # scales belong to their weights
     by = {e["source"]: e for e in doc["tensors"]}
     q = "model.layers.0.self_attn.q_proj.weight"
     assert by[q]["targets"] == {q: {"dtype": "bfloat16", "shape": [128, 128]}}
