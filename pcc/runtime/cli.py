@@ -22,7 +22,7 @@ def add_run_target(name: str, fn) -> None:
 def bounded(name: str):
     """An argparse type for the run setting `name`: its range is pcc.runtime.loop.RANGES (the one RunConfig
     checks), so `--lr -1` or `--temperature 0` is a usage error naming the flag and its range."""
-    from .loop import RANGES, in_range
+    from .settings import RANGES, in_range
 
     kind = int if isinstance(RANGES[name][0], int) else float
 
@@ -107,7 +107,8 @@ def _pass_through(s) -> None:
 
 
 def _config(args, rep):
-    from .loop import MAX_ROWS, RunConfig
+    from .loop import RunConfig
+    from .settings import MAX_ROWS
 
     cfg = RunConfig(steps=args.steps, seed=args.seed)
     for k in ("prompts", "group", "lr", "temperature"):

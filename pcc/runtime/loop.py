@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +18,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_bytes
 
-from pcc.lang.diagnostics import PccError
 from pcc.lang.inputs import InputError, read_json
 
 from . import diagnostics as D
 from .checkpoint import save_tensors, write_json
 from .rundir import RunDirError
+from .settings import MAX_ROWS, RANGES, SettingError, in_range
 from .model import Arch, forward
 from .objective import advantages, objective
 from .rollout import RolloutEngine
@@ -39,29 +38,6 @@ PHASES = ("activate", "rollout", "rescore", "train", "convert", "transfer", "che
 
 class InjectedCrash(RuntimeError):
     """A crash the run was asked to simulate (fault injection)."""
-
-
-class SettingError(PccError, ValueError):
-    """A run setting outside its range (PCC708); on the command line argparse says the same per flag."""
-
-    code = "PCC708"
-
-
-MAX_ROWS = 16384  # prompts x group: the batch the embedded runtime holds in memory at once
-# name -> (low, high, low excluded): the ranges `pcc run` flags and RunConfig share (docs/runtime.md).
-RANGES = {"steps": (1, 1_000_000, False), "seed": (0, 2**32 - 1, False), "prompts": (1, 4096, False),
-          "group": (2, 256, False), "lr": (0.0, 1.0, True), "temperature": (0.01, 100.0, False)}
-
-
-def in_range(name: str, value) -> str | None:
-    """Why `value` is not a valid `name`, or None."""
-    lo, hi, open_lo = RANGES[name]
-    kind = int if isinstance(lo, int) else float
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        return f"expected {'a whole number' if kind is int else 'a number'}, got {value!r}"
-    if not math.isfinite(value) or value < lo or value > hi or (open_lo and value == lo):
-        return f"{value} is out of range: expected {lo} {'<' if open_lo else '<='} {name} <= {hi}"
-    return None
 
 
 @dataclass

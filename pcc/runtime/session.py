@@ -9,9 +9,10 @@ from pathlib import Path
 
 from .checkpoint import save_model, save_tensors, write_json
 from .contract import ContractError
-from .loop import InjectedCrash, Run, RunConfig, SettingError
+from .loop import InjectedCrash, Run, RunConfig
 from .report import render, summarize
 from .rundir import identity, prepare
+from .settings import SettingError
 from .sync import SyncError
 
 MAX_THREADS = 1024

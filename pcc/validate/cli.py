@@ -8,6 +8,8 @@ import sys
 
 
 def register(sub) -> None:
+    from pcc.runtime.cli import bounded
+
     s = sub.add_parser("validate", help="the validation ladder: find where trainer and rollout first disagree")
     s.add_argument("contract", metavar="CONTRACT|BUNDLE")
     s.add_argument("--levels", default="1-8", help="levels to run, e.g. 1-8, 4, 2,4-6 (9 = performance profile)")
@@ -18,8 +20,8 @@ def register(sub) -> None:
     s.add_argument("--model", default="auto", help="re-resolve the contract on this catalog (e.g. tiny_moe), "
                    "on hardware cpu; auto (the default): the contract's own model when it is CPU-size, else the "
                    "stand-in of the same structure; with --engine http the contract's own model is used")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--steps", type=int, default=None, help="level 8: RL steps (default 6)")
+    s.add_argument("--seed", type=bounded("seed"), default=0)
+    s.add_argument("--steps", type=bounded("steps"), default=None, help="level 8: RL steps (default 6)")
     s.add_argument("--inject-fault", action="append", default=[], metavar="NAME",
                    help="self-test: inject a known fault (scale_layout, accumulation, swapped_expert, "
                         "inactive_adapter, mixed_version)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +26,9 @@ import torch
 
 from .engine import ActivationRefused, EngineError, Generated, Scores, Version
 
-TIMEOUT = 120.0
+TIMEOUT = 120.0  # the total deadline of one request: connect, headers and the whole body
+SOCKET_TIMEOUT = 30.0  # connect, and each read of the socket
+MAX_REPLY = 256 << 20  # get_weights_by_name of 1M values as JSON is ~20 MB; more is not an answer to us
 
 
 class HttpEngine:
@@ -37,20 +40,63 @@ class HttpEngine:
         self.lora: str | None = None
 
     def _post(self, path: str, body: dict | None = None, method: str = "POST"):
+        """One request with a total deadline (`timeout`: a server that sends a byte a second is cut off), a
+        socket timeout, and a reply size cap; every failure an EngineError naming the endpoint. An HTTP
+        error status is a reply {"success": False, "message", "_status"} for the caller to judge."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")[:300]
+        where = f"{self.url}{path}"
+        box: dict = {}
+        deadline = time.monotonic() + self.timeout
+
+        def fetch() -> None:
             try:
-                return {"success": False, "message": json.loads(text).get("message", text), "_status": exc.code}
-            except ValueError:
-                return {"success": False, "message": text, "_status": exc.code}
+                box["reply"] = self._fetch(req, where, deadline)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=fetch, name=f"pcc-http {path}", daemon=True)
+        worker.start()
+        worker.join(self.timeout + 1.0)
+        if worker.is_alive():
+            raise EngineError(f"{where}: no complete reply within {self.timeout:.0f} s")
+        if "error" in box:
+            raise box["error"]
+        status, raw = box["reply"]
+        if status is not None:  # an HTTP error status
+            text = raw.decode(errors="replace")[:300]
+            try:
+                message = json.loads(text).get("message", text)
+            except (ValueError, AttributeError):
+                message = text
+            return {"success": False, "message": f"HTTP {status}: {message}", "_status": status}
+        try:
+            return json.loads(raw or b"null")
+        except ValueError as exc:
+            raise EngineError(f"{where}: the reply is not JSON ({exc}): {raw[:80]!r}") from None
+
+    def _fetch(self, req, where: str, deadline: float) -> tuple[int | None, bytes]:
+        """(HTTP error status or None, body), read in pieces against the deadline and MAX_REPLY."""
+        try:
+            with urllib.request.urlopen(req, timeout=min(SOCKET_TIMEOUT, self.timeout)) as resp:
+                return None, _body(resp, where, deadline)
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, _body(exc, where, deadline)
+            except EngineError:
+                return exc.code, b""
         except (urllib.error.URLError, OSError) as exc:
-            raise EngineError(f"{self.url}{path}: {exc}") from None
+            reason = getattr(exc, "reason", None) or exc
+            raise EngineError(f"{where}: {reason}") from None
+
+    def _reply(self, what: str, fn):
+        """`fn()` over a reply; a reply of the wrong shape is an EngineError naming the endpoint, not a KeyError."""
+        try:
+            return fn()
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
+            raise EngineError(f"{self.url}{what}: the reply is not what SGLang sends ({type(exc).__name__}: "
+                              f"{exc})") from None
 
     # -- scoring ------------------------------------------------------------------------------
     def _generate(self, ids: list[list[int]], sampling: dict, routes: bool) -> list[dict]:
@@ -61,6 +107,9 @@ class HttpEngine:
         out = self._post("/generate", body)
         if isinstance(out, dict):
             raise EngineError(f"{self.url}/generate: {out.get('message', out)}")
+        if not isinstance(out, list) or len(out) != len(ids):
+            raise EngineError(f"{self.url}/generate: expected one result per sequence ({len(ids)}), got "
+                              f"{str(out)[:80]}")
         return out
 
     def score(self, tokens: torch.Tensor, prompt_len: int, routes: bool = False, cached_prefix: bool = False) -> Scores:
@@ -69,13 +118,17 @@ class HttpEngine:
         else:
             self._post("/flush_cache")
         res = self._generate(tokens.tolist(), {"max_new_tokens": 0, "temperature": 1.0}, routes and self.arch.is_moe)
-        logp = [[e[0] for e in r["meta_info"]["input_token_logprobs"][prompt_len:]] for r in res]
-        got = None
-        if routes and self.arch.is_moe and all("routed_experts" in r["meta_info"] for r in res):
-            per = [_routes(r["meta_info"]["routed_experts"], self.arch) for r in res]  # [T-1, L, k] each
-            got = [torch.stack([p[:, layer] for p in per]) for layer in range(self.arch.layers)]
-        version = int(res[0]["meta_info"].get("weight_version") or -1)
-        return Scores(torch.tensor(logp, dtype=torch.float64), got, version)
+
+        def parse() -> Scores:
+            logp = [[e[0] for e in r["meta_info"]["input_token_logprobs"][prompt_len:]] for r in res]
+            got = None
+            if routes and self.arch.is_moe and all("routed_experts" in r["meta_info"] for r in res):
+                per = [_routes(r["meta_info"]["routed_experts"], self.arch) for r in res]  # [T-1, L, k] each
+                got = [torch.stack([p[:, layer] for p in per]) for layer in range(self.arch.layers)]
+            version = int(res[0]["meta_info"].get("weight_version") or -1)
+            return Scores(torch.tensor(logp, dtype=torch.float64), got, version)
+
+        return self._reply("/generate", parse)
 
     def generate(self, prompts: torch.Tensor, new_tokens: int, seed: int, between=None) -> Generated:
         sampling = {"max_new_tokens": new_tokens, "temperature": 1.0, "sampling_seed": seed, "ignore_eos": True}
@@ -86,11 +139,15 @@ class HttpEngine:
         res = self._generate(prompts.tolist(), sampling, False)
         if worker is not None:
             worker.join()
-        out = [[e[1] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
-        lp = [[e[0] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
-        ver = [[int(r["meta_info"].get("weight_version") or -1)] * new_tokens for r in res]
-        return Generated(torch.cat([prompts, torch.tensor(out)], 1), torch.tensor(lp, dtype=torch.float64),
-                         torch.tensor(ver))
+
+        def parse() -> Generated:
+            out = [[e[1] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
+            lp = [[e[0] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
+            ver = [[int(r["meta_info"].get("weight_version") or -1)] * new_tokens for r in res]
+            return Generated(torch.cat([prompts, torch.tensor(out)], 1), torch.tensor(lp, dtype=torch.float64),
+                             torch.tensor(ver))
+
+        return self._reply("/generate", parse)
 
     # -- versions -----------------------------------------------------------------------------
     def install(self, version: Version) -> None:
@@ -125,7 +182,8 @@ class HttpEngine:
         if v.moves == "adapter":
             name = f"pcc-v{version}-{d.name}"
             r = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(d)})
-            if not r or not r.get("success", False):
+            if not isinstance(r, dict) or not r.get("success", False):
+                r = r if isinstance(r, dict) else {"message": str(r)[:80]}
                 raise ActivationRefused(f"load_lora_adapter {name}: {r.get('error_message') or r.get('message')}")
             self._post("/update_weight_version", {"new_version": str(version)})
             old, self.lora = self.lora, name
@@ -133,20 +191,35 @@ class HttpEngine:
                 self._post("/unload_lora_adapter", {"lora_name": old})
         else:
             r = self._post("/update_weights_from_disk", {"model_path": str(d), "weight_version": str(version)})
-            if not r or not r.get("success", False):
+            if not isinstance(r, dict) or not r.get("success", False):
+                r = r if isinstance(r, dict) else {"message": str(r)[:80]}
                 raise ActivationRefused(f"update_weights_from_disk {d}: {r.get('message')}")
         self.manifests[version] = v.manifest
 
     def active(self) -> tuple[int, dict]:
         info = self._post("/get_model_info", None, method="GET")
-        v = int(info.get("weight_version") or -1)
+        v = self._reply("/get_model_info", lambda: int(info.get("weight_version") or -1))
         return v, self.manifests.get(v, {})
 
     def read_tensor(self, name: str) -> torch.Tensor:
         r = self._post("/get_weights_by_name", {"name": name, "truncate_size": 1 << 20})
         if r is None or (isinstance(r, dict) and not r.get("success", True)):
             raise EngineError(f"get_weights_by_name {name}: {r}")
-        return torch.tensor(r, dtype=torch.float32)
+        return self._reply("/get_weights_by_name", lambda: torch.tensor(r, dtype=torch.float32))
+
+
+def _body(resp, where: str, deadline: float) -> bytes:
+    chunks, n = [], 0
+    while True:
+        if time.monotonic() > deadline:
+            raise EngineError(f"{where}: the reply did not complete before the deadline")
+        chunk = (getattr(resp, "read1", None) or resp.read)(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        n += len(chunk)
+        if n > MAX_REPLY:
+            raise EngineError(f"{where}: the reply is larger than {MAX_REPLY >> 20} MiB")
+        chunks.append(chunk)
 
 
 def _routes(b64: str, arch) -> torch.Tensor:
