@@ -63,19 +63,38 @@ def contract_source(contract: Contract, model_dir: str | None = None) -> str:
     d = contract.model_dump(mode="json", exclude_defaults=True)
     d["name"] = contract.name
     if model_dir is not None and contract.model is not None and contract.model.path is not None:
-        d["model"] = {"path": os.path.abspath(model_dir)}
+        d["model"] = {"path": model_dir}
     return "\n".join(text for _, text in lines(d)) + "\n"
 
 
-def bundle_files(plan: Plan, targets: tuple[str, ...] | None = None) -> tuple[dict[str, str], list[Lowered]]:
-    """Every file of the bundle (path -> text), manifest included; the contract's targets by default."""
+def _model_dir(plan: Plan, contract_path: str | None) -> str | None:
+    """The absolute checkpoint folder of a `model from` contract: the catalog's source, else the path
+    relative to the contract file; a relative path with neither is refused (it would name a folder
+    inside the bundle)."""
+    ref = plan.contract.model
+    if ref is None or ref.path is None:
+        return None
+    if plan.catalog.source is not None:
+        return os.path.abspath(plan.catalog.source)
+    if os.path.isabs(ref.path):
+        return ref.path
+    if contract_path is None:
+        raise BundleError(f"model from {ref.path!r} is relative and the contract file it is relative to is "
+                          "unknown; compile the contract file, or give the model an absolute path")
+    return os.path.abspath(os.path.join(os.path.dirname(contract_path), ref.path))
+
+
+def bundle_files(plan: Plan, targets: tuple[str, ...] | None = None,
+                 contract_path: str | None = None) -> tuple[dict[str, str], list[Lowered]]:
+    """Every file of the bundle (path -> text), manifest included; the contract's targets by default.
+    `contract_path`: the contract file compiled, which a relative `model from` is relative to."""
     targets = targets_for(plan) if targets is None else targets
     lowered = [lower(plan, name) for name in targets]
     pd = plan_dict(plan)
     pd["lock"] = lock_hash(pd)
     files: dict[str, str] = {
         "run.sh": RUN_SH,
-        CONTRACT: contract_source(plan.contract, plan.catalog.source),
+        CONTRACT: contract_source(plan.contract, _model_dir(plan, contract_path)),
         "plan.json": json.dumps(pd, indent=1, sort_keys=True) + "\n",
     }
     for low in lowered:
@@ -106,14 +125,14 @@ def _readme(plan: Plan, lowered: list[Lowered]) -> str:
 
 
 def write_bundle(plan: Plan, out: str | Path, force: bool = False,
-                 targets: tuple[str, ...] | None = None) -> dict[str, str]:
+                 targets: tuple[str, ...] | None = None, contract_path: str | None = None) -> dict[str, str]:
     """Write the bundle atomically; refuse to replace an existing directory unless `force`."""
     out = Path(out).resolve()
     if out.exists() and not force:
         raise BundleError(f"{out} exists; pass --force to replace it")
     if out.exists() and not is_bundle(out) and not (out.is_dir() and not any(out.iterdir())):
         raise BundleError(f"{out} is not a pcc bundle; --force replaces bundles only, never other files")
-    files, _ = bundle_files(plan, targets)
+    files, _ = bundle_files(plan, targets, contract_path)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

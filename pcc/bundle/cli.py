@@ -15,12 +15,13 @@ def cmd_compile(args, rep) -> int:
     from pcc.bundle import BundleError, write_bundle
     from pcc.lower import compile_file
 
-    c = compile_file(rep.contract_file(args.file))
+    path = rep.contract_file(args.file)
+    c = compile_file(path)
     rep.extend(c.diagnostics, c.sources)
     if not c.ok:
         return 1
     try:
-        files = write_bundle(c.plan, args.out, force=args.force)
+        files = write_bundle(c.plan, args.out, force=args.force, contract_path=path)
     except BundleError as exc:
         return rep.fail(str(exc), code=exc.code)
     verified = verify_engines(c.plan, args.out) if args.verify else []
@@ -40,7 +41,10 @@ def run_on_miles(args, rep) -> int:
     diagnostics). ARGS go to Miles after the bundle's own and the job file's (later flags win)."""
     from pcc.bundle.launch import run_miles
 
-    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle
+    rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle; a bundle's manifest checked
+    problem = launch_files_problem(args.contract)
+    if problem is not None:
+        return rep.fail(problem, code="PCC706")
     extra = list(getattr(args, "passthrough", None) or [])
     if not rep.json:
         code = run_miles(args.contract, args.dry_run, False, extra)
@@ -61,6 +65,29 @@ def run_on_miles(args, rep) -> int:
     if code not in (0, 1):
         return rep.fail(f"miles/launch.sh exited with status {code}")
     return code
+
+
+def launch_files_problem(source: str) -> str | None:
+    """What is wrong with a bundle's launch files beyond their hashes (a manifest rewritten to match an edit):
+    miles/runtime-env.json must be {"env_vars": {NAME: "value"}}. None when fine or not a bundle."""
+    from pathlib import Path
+
+    from pcc.bundle import is_bundle
+    from pcc.lang.inputs import InputError, read_json
+
+    if not is_bundle(source):
+        return None
+    path = Path(source) / "miles" / "runtime-env.json"
+    if not path.exists():
+        return f"{path}: missing; the bundle has no Miles target (recompile with it)"
+    try:
+        doc = read_json(path, what="runtime environment")
+    except InputError as exc:
+        return exc.message
+    env = doc.get("env_vars") if isinstance(doc, dict) else None
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return f"{path}: malformed: expected {{\"env_vars\": {{NAME: \"value\", ...}}}}"
+    return None
 
 
 def verify_engines(plan, bundle: str) -> list[dict]:

@@ -55,7 +55,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(bundle, "bundle_files", lambda p, t: ({"run.sh": "x", "a/b.txt": "y"}, []))
+    monkeypatch.setattr(bundle, "bundle_files", lambda p, t, c: ({"run.sh": "x", "a/b.txt": "y"}, []))
     monkeypatch.setattr(Path, "chmod", boom)
     with pytest.raises(RuntimeError):
         write_bundle(plan, tmp_path / "b")
@@ -75,3 +75,100 @@ def test_force_replaces_only_a_bundle(tmp_path):
     with pytest.raises(BundleError, match="not a pcc bundle"):
         write_bundle(plan, afile, force=True, targets=LIGHT)
     assert afile.read_text() == "x"
+
+
+# -- a bundle is read through one function that checks its manifest (docs/safety.md) -----------------
+
+def _bundle(tmp_path) -> Path:
+    out = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan, out, targets=LIGHT)
+    return out
+
+
+def _rewrite_manifest(out: Path, edit) -> None:
+    m = json.loads((out / "manifest.json").read_text())
+    edit(m)
+    (out / "manifest.json").write_text(json.dumps(m))
+
+
+def test_contract_file_checks_the_bundle(tmp_path):
+    from pcc.bundle import contract_file
+
+    out = _bundle(tmp_path)
+    assert contract_file(out) == out / "contract.prec"
+    (out / "contract.prec").write_text((out / "contract.prec").read_text().replace("fp8", "int4"))
+    with pytest.raises(BundleError, match="contract.prec does not match the manifest") as err:
+        contract_file(out)
+    assert err.value.code == "PCC706" and not err.value.missing
+    for bare in (tmp_path / "empty", tmp_path / "nothing"):
+        bare.mkdir(exist_ok=bare.name == "nothing")
+        with pytest.raises(BundleError, match="not a pcc bundle") as err:
+            contract_file(bare)
+        assert err.value.missing
+
+
+@pytest.mark.parametrize("rel", ["/etc/hostname", "../outside.txt", "a/../../outside.txt", "", "a\\..\\b"])
+def test_a_manifest_cannot_name_a_file_outside_the_bundle(tmp_path, rel):
+    out = _bundle(tmp_path)
+    (tmp_path / "outside.txt").write_text("secret")
+    _rewrite_manifest(out, lambda m: m["files"].__setitem__(rel, "0" * 64))
+    with pytest.raises(BundleError, match="outside the bundle") as err:
+        read_bundle(out)
+    assert err.value.code == "PCC706"
+
+
+def test_a_link_out_of_the_bundle_is_refused(tmp_path):
+    out = _bundle(tmp_path)
+    (tmp_path / "outside.txt").write_text("secret")
+    (out / "link.txt").symlink_to(tmp_path / "outside.txt")
+    _rewrite_manifest(out, lambda m: m["files"].__setitem__("link.txt", "0" * 64))
+    with pytest.raises(BundleError, match="links outside the bundle"):
+        read_bundle(out)
+
+
+@pytest.mark.parametrize("text", ["[]", '{"files": []}', '{"files": {"contract.prec": 3}}', '{"files": {}}',
+                                  '{"files": {"a": "x"}}', "not json", '{"files": {}, "files": {}}'])
+def test_a_malformed_manifest_is_one_coded_error(tmp_path, text):
+    out = _bundle(tmp_path)
+    (out / "manifest.json").write_text(text)
+    with pytest.raises(BundleError) as err:
+        read_bundle(out)
+    assert err.value.code == "PCC706" and "manifest.json" in str(err.value)
+
+
+def test_a_manifest_that_is_a_device_is_refused(tmp_path):
+    out = _bundle(tmp_path)
+    (out / "manifest.json").unlink()
+    (out / "manifest.json").symlink_to("/dev/zero")
+    with pytest.raises(BundleError, match="not a regular file"):
+        read_bundle(out)
+
+
+def test_a_write_the_disk_refuses_is_one_line(tmp_path):
+    plan = compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(BundleError, match=r"afile/b: cannot write the bundle \(.*afile: ") as err:
+        write_bundle(plan, tmp_path / "afile" / "b", targets=LIGHT)
+    assert err.value.code == "PCC709"
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_checkpoint_models_bundle_names_the_checkpoint_not_a_folder_inside_it(tmp_path, monkeypatch):
+    config = json.loads((ROOT / "pcc" / "models" / "configs" / "tiny_dense.json").read_text())
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    src = tmp_path / "c.prec"
+    src.write_text('contract c {\n  model from "ckpt"\n  hardware cpu\n}\n')
+    monkeypatch.chdir(tmp_path)
+    c = compile_file(str(src))
+    assert c.ok, [d.render() for d in c.diagnostics]
+    out = tmp_path / "bundles" / "b"
+    with pytest.raises(BundleError, match="relative"):
+        write_bundle(c.plan, out, targets=LIGHT)  # relative to what? refused, never guessed
+    write_bundle(c.plan, out, targets=LIGHT, contract_path=str(src))
+    (out / "ckpt").mkdir()  # a decoy inside the bundle: never what the bundle means
+    (out / "ckpt" / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))
+    text = (out / "contract.prec").read_text()
+    assert f'model from "{tmp_path / "ckpt"}"' in text
+    again = compile_file(str(out / "contract.prec"))
+    assert again.ok and again.plan.catalog.num_layers == config["num_hidden_layers"]
