@@ -25,7 +25,7 @@ _TOP_FAMILIES = {"embed_tokens": "embed", "norm": "norm", "lm_head": "lm_head"}
 # `vision_tower` + `mm_projector`, Qwen-VL's `visual`, LLaVA's `vision_tower` + `multi_modal_projector`).
 _VISION = re.compile(r"(?:model\.)?(?:vision_tower|visual|vision_model|mm_projector|multi_modal_projector)\."
                      r"(?:.+\.)?([^.]+)\.weight")
-# Modules only an MTP (NextN) layer has (DeepSeek-V3 layer 61, GLM-4.5 layer 92), and their families;
+# Modules only an MTP (NextN) layer has (DeepSeek-V3 layer 61, GLM-5 layer 78), and their families;
 # the rest of such a layer is a decoder layer and keeps its families.
 _MTP_MODULES = {"embed_tokens": "embed", "enorm": "norm", "hnorm": "norm", "shared_head.norm": "norm",
                 "eh_proj": "mtp", "shared_head.head": "lm_head"}
