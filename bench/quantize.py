@@ -1,17 +1,24 @@
-"""Quantize / dequantize throughput of pcc.numerics on a BF16 weight, next to two yardsticks.
+"""Quantizer throughput of pcc.numerics beside a plain cast and a straightforward quantizer per format.
 
-    python bench/quantize.py [--sizes 4096 8192] [--repeat N]
+    python bench/quantize.py [--sizes 4096 8192] [--rounds 5] [--busy]
 
-GB/s counts the BF16 input bytes (2 per element) for both directions.  Yardsticks,
-measured in the same run: a plain x.to(torch.float8_e4m3fn) cast (the floor: no
-amax, no scale) and a straightforward block-FP8 quantizer written the way public
-converters write it (pad, per-block amax, divide, clamp, cast on the whole tensor).
+For each format, in the same process and the same run: `cast` (x.to(float8_e4m3fn), no amax, no
+scale: the floor), `straightforward` (the whole-tensor quantizer public converters write: pad,
+reshape into blocks, amax, scale, divide, round or cast, pack; torch's default threads), and
+`pcc.numerics.quantize`. The three run interleaved, in an order that alternates each round, and
+each keeps its best of the rounds, so a burst of load from other processes hits all of them
+alike. The straightforward codes are checked equal to pcc's (a wrong fast quantizer proves
+nothing). `--busy` runs a CPU-bound process beside the bench for its whole duration. GB/s counts
+the BF16 input bytes. Cores and load average are printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -19,10 +26,30 @@ import torch.nn.functional as F
 
 from pcc.numerics import quantize
 
-SCHEMES = ("fp8_block", "mxfp8", "mxfp4", "nvfp4", "int4_g128")
+E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+E2M1_TIE_UP = torch.tensor([False, True, False, True, False, True, False])
 
 
-def reference_block_fp8(w: torch.Tensor, block: int = 128):
+def _groups(w: torch.Tensor, g: int) -> torch.Tensor:
+    n, k = w.shape
+    return F.pad(w.float(), (0, -k % g)).view(n, -1, g)
+
+
+def _e2m1(y: torch.Tensor) -> torch.Tensor:
+    """Round to E2M1 codes by searching the midpoints (ties to even), as public FP4 quantizers do."""
+    a = y.abs()
+    idx = torch.searchsorted(E2M1_MID, a)  # midpoints < a, plus 1 where a equals a midpoint
+    on = E2M1_MID[idx.clamp(max=6)] == a
+    idx = idx + (on & E2M1_TIE_UP[idx.clamp(max=6)])
+    return idx.to(torch.uint8) | (torch.signbit(y).to(torch.uint8) << 3)
+
+
+def _pack_nibbles(c: torch.Tensor) -> torch.Tensor:
+    c = F.pad(c, (0, c.shape[-1] % 2))
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def straightforward_fp8_block(w: torch.Tensor, block: int = 128):
     n, k = w.shape
     nb, kb = -(-n // block), -(-k // block)
     wp = F.pad(w.float(), (0, kb * block - k, 0, nb * block - n)).view(nb, block, kb, block)
@@ -32,49 +59,111 @@ def reference_block_fp8(w: torch.Tensor, block: int = 128):
     return q.view(nb * block, kb * block)[:n, :k], scale.view(nb, kb)
 
 
-def best_seconds(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _mx_exponent(amax: torch.Tensor, emax: int) -> torch.Tensor:
+    """OCP MX v1.0: floor(log2(amax)) - emax of the element format (an all-zero block: 0)."""
+    e = torch.floor(torch.log2(torch.where(amax > 0, amax, 1.0))) - emax
+    return torch.where(amax > 0, e, 0.0)
 
 
-def run(n: int, repeat: int) -> None:
+def straightforward_mxfp8(w: torch.Tensor):
+    g = _groups(w, 32)
+    e = _mx_exponent(g.abs().amax(-1, keepdim=True), 8)
+    q = (g / torch.exp2(e)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(w.shape[0], -1)[:, : w.shape[1]], (e + 127).to(torch.uint8).squeeze(-1)
+
+
+def straightforward_mxfp4(w: torch.Tensor):
+    g = _groups(w, 32)
+    e = _mx_exponent(g.abs().amax(-1, keepdim=True), 2)
+    codes = _e2m1(g / torch.exp2(e)).view(w.shape[0], -1)[:, : w.shape[1]]
+    return _pack_nibbles(codes), (e + 127).to(torch.uint8).squeeze(-1)
+
+
+def straightforward_nvfp4(w: torch.Tensor):
+    g = _groups(w, 16)
+    s_enc = 448.0 * 6.0 / w.float().abs().amax()  # TransformerEngine's encode factor and block scales
+    s_b = (g.abs().amax(-1, keepdim=True) * (s_enc * (1.0 / 6.0))).clamp(max=448.0).to(torch.float8_e4m3fn)
+    factor = (1.0 / (s_b.float() * (1.0 / s_enc))).clamp(max=torch.finfo(torch.float32).max)
+    codes = _e2m1(g * factor).view(w.shape[0], -1)[:, : w.shape[1]]
+    return _pack_nibbles(codes), s_b.squeeze(-1)
+
+
+def straightforward_int4(w: torch.Tensor, group: int = 128):
+    g = _groups(w, group)
+    s = g.abs().amax(-1, keepdim=True) / 7.0
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    q = torch.round(g / s).clamp(-7, 7).to(torch.int64).view(w.shape[0], -1)[:, : w.shape[1]]
+    u = F.pad(q + 8, (0, -w.shape[1] % 8)).view(w.shape[0], -1, 8)  # compressed-tensors' pack_to_int32
+    word = sum(u[..., j] << (4 * j) for j in range(8))
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32), s.squeeze(-1)
+
+
+# format -> (pcc preset, the straightforward quantizer giving the same codes and scales)
+FORMATS = {
+    "fp8_block": ("fp8_block", straightforward_fp8_block),
+    "mxfp8": ("mxfp8", straightforward_mxfp8),
+    "mxfp4": ("mxfp4", straightforward_mxfp4),
+    "nvfp4": ("nvfp4", straightforward_nvfp4),
+    "int4_g128": ("int4_g128", straightforward_int4),
+}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def interleaved(methods: dict, rounds: int) -> dict[str, float]:
+    """Best seconds of each method over `rounds` rounds, the methods in alternating order."""
+    for fn in methods.values():
+        fn()  # warm: allocator, the chunk workers
+    best = dict.fromkeys(methods, math.inf)
+    names = list(methods)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            methods[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def run(n: int, rounds: int) -> None:
     x = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     gb = x.numel() * x.element_size() / 1e9
-    cast = gb / best_seconds(lambda: x.to(torch.float8_e4m3fn), repeat)
-    ref = gb / best_seconds(lambda: reference_block_fp8(x), repeat)
-    same = torch.equal(reference_block_fp8(x)[0].view(torch.uint8), quantize(x, "fp8_block").codes.view(torch.uint8))
-    print(f"\n{n}x{n} bf16 ({gb * 1e3:.0f} MB), torch threads={torch.get_num_threads()}, best of {repeat}")
-    print(f"{'what':<26}{'quant GB/s':>11}{'dequant GB/s':>14}{'q / cast':>10}{'q / ref':>9}")
-    print(f"{'cast to e4m3 (floor)':<26}{cast:>11.2f}{'':>14}{1.0:>10.2f}{cast / ref:>9.2f}")
-    print(f"{'reference block fp8':<26}{ref:>11.2f}{'':>14}{ref / cast:>10.2f}{1.0:>9.2f}")
-    for name in SCHEMES:
-        q = quantize(x, name)
-        qs = gb / best_seconds(lambda: quantize(x, name), repeat)
-        ds = gb / best_seconds(lambda: q.dequantize(torch.bfloat16), repeat)
-        print(f"{name:<26}{qs:>11.2f}{ds:>14.2f}{qs / cast:>10.2f}{qs / ref:>9.2f}")
-    print(f"fp8_block codes identical to the reference quantizer: {same}")
+    print(f"\n{n}x{n} bf16 ({gb * 1e3:.0f} MB), best of {rounds} interleaved rounds; torch threads "
+          f"{torch.get_num_threads()} (straightforward, cast), pcc: its chunk workers")
+    print(f"{'format':<11}{'cast GB/s':>10}{'straightfwd':>12}{'pcc GB/s':>10}{'pcc/straightfwd':>16}"
+          f"{'pcc/cast':>10}  same codes")
+    for fmt, (name, ref) in FORMATS.items():
+        t = interleaved({"cast": lambda: x.to(torch.float8_e4m3fn), "straightforward": lambda: ref(x),
+                         "pcc": lambda: quantize(x, name)}, rounds)
+        q, (codes, _) = quantize(x, name), ref(x)
+        same = torch.equal(_bytes(q.codes), _bytes(codes))
+        print(f"{fmt:<11}{gb / t['cast']:>10.2f}{gb / t['straightforward']:>12.2f}{gb / t['pcc']:>10.2f}"
+              f"{t['straightforward'] / t['pcc']:>15.1f}x{t['cast'] / t['pcc']:>9.2f}x  {same}", flush=True)
 
 
 def machine() -> str:
-    """Cores, load average and date, printed before and after the measurements."""
-    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-            + time.strftime(", %Y-%m-%d %H:%M %Z"))
+    """Cores and load average (1, 5, 15 min) at this moment."""
+    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), load average "
+            + " ".join(f"{v:.2f}" for v in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--busy", action="store_true", help="run a CPU-bound process beside the bench")
     args = ap.parse_args()
-    print(machine())
-    for n in args.sizes:
-        run(n, args.repeat)
-    print("after: " + machine())
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        print(machine() + (", beside one CPU-bound process (--busy)" if busy else ""))
+        for n in args.sizes:
+            run(n, args.rounds)
+        print("after: " + machine())
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
 
 
 if __name__ == "__main__":

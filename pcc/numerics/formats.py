@@ -51,22 +51,27 @@ def decode_fp8(codes: torch.Tensor) -> torch.Tensor:
     return torch.take(table, codes.view(torch.uint8).to(torch.int64))
 
 
+# Midpoints between neighbouring E2M1 magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6), and whether a value exactly
+# on one rounds up: ties go to the even code (mantissa bit 0), so to 0 at 0.25, 1 at 0.75 and 1.25, 2 at
+# 1.75 and 2.5, 4 at 3.5 and 5.
+_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
+                   (5.0, False))
+
+
 def encode_e2m1(y: torch.Tensor) -> torch.Tensor:
     """Round float32 `y` to E2M1 codes (uint8 0..15), nearest-even, saturating at +-6.
 
-    Rounds once, in float32: adding M = 2**22 * max(floor_pow2(|y|), 1) leaves
-    exactly E2M1's spacing in that binade as the ulp, so (|y| + M) - M is |y|
-    rounded half-to-even onto the E2M1 grid.  The sign of zero is kept (-0.1 ->
-    code 8), as a hardware cvt and ml_dtypes do.  NaN has no E2M1 code.
+    The magnitude code is the number of midpoints |y| lies above (at a tie, above only where the
+    upper neighbour is even): seven comparisons of float32 values, no arithmetic that could round.
+    The sign of zero is kept (-0.1 -> code 8), as a hardware cvt and ml_dtypes do.  NaN has no
+    E2M1 code (it gets code 0 or 8).
     """
     y = y.float()
-    a = y.abs().clamp_(max=E2M1.max)
-    magic = floor_pow2(a).clamp_(min=1.0).mul_(2.0**22)
-    r = (a + magic).sub_(magic)
-    code = (r.view(torch.int32) >> 22).sub_(252)  # ((biased exponent - 126) << 1) | mantissa, for r >= 1
-    code = torch.maximum(code, r.mul_(2.0).clamp_(max=2.0).to(torch.int32))  # r in {0, 0.5}: code = 2r
-    sign = (y.view(torch.int32) >> 28) & 8
-    return code.bitwise_or_(sign).to(torch.uint8)
+    a = y.abs()
+    code = torch.zeros(a.shape, dtype=torch.uint8, device=y.device)
+    for mid, tie_up in _E2M1_MIDPOINTS:
+        code += a >= mid if tie_up else a > mid
+    return code.bitwise_or_(((y.view(torch.int32) >> 28) & 8).to(torch.uint8))
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ as the unsigned nibble c + 8 and element 8i+j in bits 4j..4j+3, low bits first
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -37,14 +39,16 @@ _SHIFTS = tuple(4 * j for j in range(8))
 
 
 def pack_int32x8(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """int8 codes in [-8, 7] -> int32 words holding eight codes each along `dim`."""
+    """int8 codes in [-8, 7] -> int32 words holding eight codes each along `dim`.
+
+    Nibble pairs are packed into bytes (element 2i low), and four bytes read as one int32; on a
+    little-endian machine byte j holds bits 8j..8j+7, so element 8i+j lands in bits 4j..4j+3."""
     c = codes.movedim(dim, -1)
-    u = _pad_last((c.to(torch.int64) + 8), 8)
-    u = u.unflatten(-1, (-1, 8))
-    shifts = torch.tensor(_SHIFTS, dtype=torch.int64, device=u.device)
-    word = (u << shifts).sum(-1)  # disjoint bit fields: the sum is their OR
-    word = torch.where(word >= 2**31, word - 2**32, word)  # reinterpret as signed int32
-    return word.to(torch.int32).movedim(-1, dim)
+    u = _pad_last((c + 8).to(torch.uint8), 8)
+    if sys.byteorder != "little":
+        raise NotImplementedError("int32x8 packing reads bytes as little-endian int32 words")
+    pairs = (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous()
+    return pairs.view(torch.int32).movedim(-1, dim)
 
 
 def unpack_int32x8(packed: torch.Tensor, k: int, dim: int = -1) -> torch.Tensor:

@@ -6,16 +6,29 @@ R consecutive rows of one run (R = 1 except for 2-D blocks and whole-tensor
 scaling).  Zero padding never changes an amax, so a partial edge block is
 scaled by its real elements only; codes are cropped back to the logical shape.
 
-Work is done in row chunks of about a million elements: float32 temporaries then
-stay in cache and are recycled by the allocator instead of being page-faulted in
-afresh, which is most of the cost of a whole-tensor implementation on CPU.
+Work is done in row chunks of about a million elements (whole scale blocks): float32
+temporaries then stay in cache and are recycled by the allocator instead of being
+page-faulted in afresh, which is most of the cost of a whole-tensor implementation on
+CPU.  A chunk is read once: its block amax, scales and codes are computed together
+(a whole-tensor amax, for tensor scaling and NVFP4's outer scale, is one pass before).
+
+Chunks run on a pool of worker threads, one per usable core, each with ONE intra-op
+thread, taking chunks from a shared queue.  torch's own OpenMP parallelism waits at
+every operator for its slowest thread; on a loaded machine one of them is often
+descheduled by another process, and chunked quantizers ran 5-10x slower with two
+OpenMP threads than with one (bench/quantize.py, docs/numerics.md "Speed").  With a
+queue, a core that is free takes the next chunk instead.  Stochastic rounding draws
+from its generator in chunk order, so it runs its chunks in order in the caller.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +43,60 @@ _INT_BITS = {"int4": 4, "int8": 8}
 # Exponent of the element format's largest binade (OCP MX v1.0; FP8 for UE8M0-scaled block FP8).
 _MX_EMAX = {"mxfp8": 8, "mxfp4": 2, "fp8_e4m3": 8, "fp8_e5m2": 15}
 _CHUNK = 1 << 20  # elements per row chunk
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_WORKER = threading.local()
+
+
+def cores() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The chunk workers, started once: one per core, each with one intra-op thread.
+
+    torch.set_num_threads is per thread for the thread that calls it, but also sets the
+    default of threads that start later; the caller's own count is put back once every
+    worker has set its own."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            n = cores()
+            keep = torch.get_num_threads()
+            ready = threading.Barrier(n + 1)
+
+            def init():
+                _WORKER.active = True
+                torch.get_num_threads()  # torch initialises a thread's count on first use: do that first
+                torch.set_num_threads(1)
+                ready.wait()
+
+            pool = ThreadPoolExecutor(n, thread_name_prefix="pcc-chunks")
+            for _ in range(n):  # each blocks at the barrier, so each starts its own thread
+                pool.submit(init)
+            ready.wait()
+            torch.set_num_threads(keep)
+            _POOL = pool
+    return _POOL
+
+
+def run_chunks(fn: Callable, items: Iterable, ordered: bool = False) -> None:
+    """fn(item) for every item; on the chunk workers unless there is one item, the caller is a
+    worker itself, or `ordered` (in order, in the caller). Every call has finished when this
+    returns; the first item's error (in item order) is raised."""
+    items = list(items)
+    if ordered or len(items) < 2 or getattr(_WORKER, "active", False) or cores() < 2:
+        for it in items:
+            fn(it)
+        return
+    futures = [_pool().submit(fn, it) for it in items]
+    wait(futures)
+    for f in futures:
+        f.result()
 
 
 @dataclass(frozen=True)
@@ -54,34 +121,36 @@ class Geometry:
         t = t.reshape(self.grid).repeat_interleave(self.block_rows, dim=1)[:, : self.rows]
         return t.reshape(-1, t.shape[-1], 1)
 
-    def per_block(self, t: torch.Tensor, reduce: Callable) -> torch.Tensor:
-        """Per-row values [B*rows, nbc] -> reduced over each block's rows: [B, nbr, nbc]."""
-        b, nbr, nbc = self.grid
-        t = t.reshape(b, self.rows, nbc)
-        pad = nbr * self.block_rows - self.rows
+    def row_slices(self, nrows: int, align: int = 1) -> list[slice]:
+        """Row chunks of about _CHUNK elements, each a whole number of `align` rows."""
+        nbc, c = self.grid[2], self.block_cols
+        step = max(1, _CHUNK // (nbc * c) // align) * align
+        return [slice(i, min(i + step, nrows)) for i in range(0, nrows, step)]
+
+    def blocked(self, xc: torch.Tensor) -> torch.Tensor:
+        """Rows [r, cols] -> [r, nbc, C], zero-padded at the right edge."""
+        nbc, c = self.grid[2], self.block_cols
+        pad = nbc * c - self.cols
         if pad:
-            t = F.pad(t, (0, 0, 0, pad))
-        return reduce(t.view(b, nbr, self.block_rows, nbc), dim=2)
+            xc = F.pad(xc, (0, pad))
+        return xc.reshape(xc.shape[0], nbc, c)
 
     def chunks(self, x2: torch.Tensor, pre: Callable | None = None):
         """Yield (row slice, rows of x2 as [r, nbc, C]); `pre` first widens stored rows."""
-        nbc, c = self.grid[2], self.block_cols
-        pad = nbc * c - self.cols
-        step = max(1, _CHUNK // (nbc * c))
-        for i in range(0, x2.shape[0], step):
-            xc = x2[i: i + step]
-            if pre is not None:
-                xc = pre(xc)
-            if pad:
-                xc = F.pad(xc, (0, pad))
-            yield slice(i, i + step), xc.reshape(xc.shape[0], nbc, c)
+        for sl in self.row_slices(x2.shape[0]):
+            xc = x2[sl]
+            yield sl, self.blocked(pre(xc) if pre is not None else xc)
 
     def map_rows(self, x2: torch.Tensor, out: torch.Tensor, fn: Callable, *per_row: torch.Tensor,
                  pre: Callable | None = None, post: Callable | None = None) -> torch.Tensor:
-        """out[rows] = post(crop(fn(chunk, per-row chunks))) for every row chunk of x2."""
-        for sl, xc in self.chunks(x2, pre):
+        """out[rows] = post(crop(fn(chunk, per-row chunks))) for every row chunk of x2 (on the chunk workers)."""
+        def one(sl):
+            xc = x2[sl]
+            xc = self.blocked(pre(xc) if pre is not None else xc)
             res = fn(xc, *(t[sl] for t in per_row)).reshape(xc.shape[0], -1)[:, : self.cols]
             out[sl] = post(res) if post else res
+
+        run_chunks(one, self.row_slices(x2.shape[0]))
         return out
 
 
@@ -229,40 +298,24 @@ def _e8m0_scale(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: flo
     return fm.encode_e8m0(torch.where(amax > 0, exp, 0))
 
 
-def _nvfp4_scales(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two-level NVFP4 scales as TransformerEngine computes them.
-
-    S_enc = 448*6 / amax(tensor) (1.0 if that is 0); block decode scale
-    s_b = e4m3(amax_b * (S_enc * (1/6))), saturating at 448.
-    """
-    g = absmax.max()
+def _nvfp4_outer(g: torch.Tensor) -> torch.Tensor:
+    """NVFP4's encode factor S_enc = 448*6 / amax(tensor), 1.0 if that is 0 (TransformerEngine)."""
     s_enc = (fm.E4M3.max * fm.E2M1.max / g).clamp(max=fm.FLT_MAX)
-    s_enc = torch.where((g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return torch.where((g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+
+
+def _nvfp4_block_scales(absmax: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """Block decode scales s_b = e4m3(amax_b * (S_enc * (1/6))), saturating at 448 (TransformerEngine)."""
     inv6 = torch.tensor(1.0 / fm.E2M1.max, dtype=torch.float32, device=absmax.device)
-    s_b = fm.encode_fp8((absmax * (s_enc * inv6)).clamp(max=fm.FLT_MAX), fm.E4M3)
-    return s_b, s_enc
+    return fm.encode_fp8((absmax * (s_enc * inv6)).clamp(max=fm.FLT_MAX), fm.E4M3)
 
 
-def _row_stats(x2: torch.Tensor, geo: Geometry, signed: bool):
-    """Per-row, per-run max|x| (or max and min when `signed`), float32 [B*rows, nbc]."""
-    hi = torch.empty(x2.shape[0], geo.grid[2], dtype=torch.float32, device=x2.device)
-    lo = torch.empty_like(hi) if signed else None
-    for sl, xc in geo.chunks(x2):
-        xc = xc.float()  # short reductions vectorise in float32, not in bf16
-        if signed:
-            hi[sl], lo[sl] = xc.amax(-1), xc.amin(-1)
-        else:
-            hi[sl] = xc.abs().amax(-1)
-    return hi, lo
-
-
-def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator):
-    """Scales, outer scale, per-block factor and per-chunk encoder of a float scheme."""
+def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.Tensor | None):
+    """Scales, per-block factor and per-chunk encoder of a float scheme; `outer` is NVFP4's S_enc."""
     fmt = scheme.format
     elem = fm.E2M1 if fmt in ("mxfp4", "nvfp4") else _FP8[fmt]
-    outer = None
     if fmt == "nvfp4":
-        scales, outer = _nvfp4_scales(amax)
+        scales = _nvfp4_block_scales(amax, outer)
         factor = (1.0 / (scales.float() * (1.0 / outer))).clamp(max=fm.FLT_MAX)
         op = torch.mul  # TE multiplies by the block's encode factor
     else:
@@ -281,7 +334,7 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator):
         return fm.encode_e2m1(y) if elem is fm.E2M1 else y.clamp_(-elem.max, elem.max)
 
     code_dtype = torch.uint8 if elem is fm.E2M1 else elem.dtype
-    return scales, outer, None, (factor,), fn, code_dtype
+    return scales, None, (factor,), fn, code_dtype
 
 
 def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generator):
@@ -298,7 +351,7 @@ def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generat
         zp = torch.round(qmin - lo / scales).clamp(qmin, qmax)
 
     def fn(xc, s, z):
-        y = xc / s + z
+        y = xc / s if scheme.symmetric else xc / s + z  # z is 0: adding it only turns -0.0 into +0.0
         if scheme.rounding == "stochastic":
             y = torch.floor(y + torch.rand(y.shape, generator=generator, device=y.device))
         else:
@@ -306,7 +359,22 @@ def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generat
         return y.clamp_(qmin, qmax)
 
     zero_point = None if scheme.symmetric else zp.to(torch.int8)
-    return scales, None, zero_point, (scales, zp), fn, torch.int8
+    return scales, zero_point, (scales, zp), fn, torch.int8
+
+
+def _stats(xs: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float32 chunk [r, nbc, C] -> per row and run max|x| (or max and min when `signed`)."""
+    if signed:
+        return xs.amax(-1), xs.amin(-1)
+    return xs.abs().amax(-1), None
+
+
+def _over_rows(t: torch.Tensor, r: int, reduce: Callable) -> torch.Tensor:
+    """Per-row values [rows, nbc] -> reduced over each `r` rows (the last group zero-padded)."""
+    pad = -t.shape[0] % r
+    if pad:
+        t = F.pad(t, (0, 0, 0, pad))
+    return reduce(t.view(-1, r, t.shape[-1]), dim=1)
 
 
 def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight", name: str | None = None,
@@ -323,29 +391,98 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     grouping = scheme.grouping_of(role)
     geo = geometry(x.shape, grouping)
     x2 = x.reshape(-1, geo.cols)
-    signed = scheme.format in _INT_BITS and not scheme.symmetric
-    hi, lo = _row_stats(x2, geo, signed)
-    amax = geo.per_block(hi, torch.amax)
-    amin = geo.per_block(lo, torch.amin) if signed else -amax
-    _check_finite(amax, amin, geo, name, grouping)
+    is_int = scheme.format in _INT_BITS
+    signed = is_int and not scheme.symmetric
+    stochastic = scheme.rounding == "stochastic"
+    wide = x.dtype == torch.float64  # divided in float64, as x / scale promotes; stats in float32
+    b, nbr, nbc = geo.grid
+    rows_per_batch = geo.rows
 
-    if scheme.format in _INT_BITS:
-        scales, outer, zero_point, per_block, fn, code_dtype = _int_encoder(amax, amin, scheme, generator)
-    else:
-        scales, outer, zero_point, per_block, fn, code_dtype = _float_encoder(amax, scheme, generator)
+    def encoder(amax, amin, outer):  # -> scales, zero points, per-block factors, chunk encoder, code dtype
+        if is_int:
+            return _int_encoder(amax, amin, scheme, generator)
+        return _float_encoder(amax, scheme, generator, outer)
 
-    post, cols = None, geo.cols
+    # A whole-tensor amax first where the scale needs one: tensor scaling, NVFP4's outer scale.
+    whole = grouping.kind == "tensor"
+    outer = None
+    if whole or scheme.format == "nvfp4":
+        parts = geo.row_slices(x2.shape[0])
+        found: list = [None] * len(parts)
+
+        def scan(k):
+            hi, lo = _stats(geo.blocked(x2[parts[k]].float()), signed)
+            found[k] = (hi.amax(), lo.amin() if signed else None)
+
+        run_chunks(scan, range(len(parts)))
+        g = torch.stack([f[0] for f in found]).amax()
+        g_lo = torch.stack([f[1] for f in found]).amin() if signed else -g
+        if scheme.format == "nvfp4":
+            outer = _nvfp4_outer(g)
+        if whole:
+            amax, amin = g.reshape(1, 1, 1), g_lo.reshape(1, 1, 1)
+            _check_finite(amax, amin, geo, name, grouping)
+
+    probe = encoder(torch.ones(1, 1), torch.zeros(1, 1), outer if outer is not None else torch.ones(()))
+    post, cols, code_dtype = None, geo.cols, probe[4]
     if scheme.packing == "e2m1x2":
         post, cols = pack_e2m1x2, math.ceil(geo.cols / 2)
     elif scheme.packing == "int32x8":
         post, cols, code_dtype = (lambda r: pack_int32x8(r.to(torch.int8))), math.ceil(geo.cols / 8), torch.int32
     codes = torch.empty(x2.shape[0], cols, dtype=code_dtype, device=x.device)
-    geo.map_rows(x2, codes, fn, *(geo.per_row(t) for t in per_block), post=post)
+
+    if whole:
+        scales, zp, per_block, fn, _ = encoder(amax.reshape(1, 1), amin.reshape(1, 1), outer)
+        factors = tuple(t.reshape(1, 1, 1) for t in per_block)
+
+        def encode_rows(sl):
+            xc = geo.blocked(x2[sl] if wide else x2[sl].float())
+            res = fn(xc, *factors).reshape(xc.shape[0], -1)[:, : geo.cols]
+            codes[sl] = post(res) if post else res
+
+        run_chunks(encode_rows, geo.row_slices(x2.shape[0]), ordered=stochastic)
+    else:
+        # Chunks of whole block rows, never across a batch slice: its amax, scales and codes at once.
+        r = geo.block_rows
+        amax = torch.empty(b * nbr, nbc, dtype=torch.float32, device=x.device)
+        amin = torch.empty_like(amax) if signed else None
+        scales = torch.empty(b * nbr, nbc, dtype=probe[0].dtype, device=x.device)
+        zp = torch.empty(b * nbr, nbc, dtype=torch.int8, device=x.device) if signed else None
+        nonfinite: list[slice] = []
+        work = [(i, sl.start // r, sl) for i in range(b)
+                for sl in geo.row_slices(rows_per_batch, r)]
+
+        def encode_blocks(item):
+            i, j0, sl = item
+            rows = slice(i * rows_per_batch + sl.start, i * rows_per_batch + sl.stop)
+            xs = geo.blocked(x2[rows].float())
+            hi, lo = _stats(xs, signed)
+            blocks = slice(i * nbr + j0, i * nbr + j0 + math.ceil((sl.stop - sl.start) / r))
+            a_hi = _over_rows(hi, r, torch.amax) if r > 1 else hi
+            a_lo = (_over_rows(lo, r, torch.amin) if r > 1 else lo) if signed else -a_hi
+            amax[blocks] = a_hi
+            if signed:
+                amin[blocks] = a_lo
+            if not bool(torch.isfinite(a_hi).all()) or (signed and not bool(torch.isfinite(a_lo).all())):
+                nonfinite.append(blocks)
+            s, z, per_block, fn, _ = encoder(a_hi, a_lo, outer)
+            scales[blocks] = s
+            if signed:
+                zp[blocks] = z
+            n = xs.shape[0]
+            factors = [(t.repeat_interleave(r, 0)[:n] if r > 1 else t).unsqueeze(-1) for t in per_block]
+            res = fn(geo.blocked(x2[rows]) if wide else xs, *factors).reshape(n, -1)[:, : geo.cols]
+            codes[rows] = post(res) if post else res
+
+        run_chunks(encode_blocks, work, ordered=stochastic)
+        if nonfinite:  # the error names the first bad block of the whole grid
+            _check_finite(amax.view(b, nbr, nbc), amin.view(b, nbr, nbc) if signed else -amax.view(b, nbr, nbc),
+                          geo, name, grouping)
     codes = codes.reshape(tuple(x.shape[:-1]) + (cols,)) if x.dim() else codes.reshape(())
     scales = scales.reshape(geo.scale_shape)
-    if zero_point is not None:
-        zero_point = zero_point.reshape(geo.scale_shape)
-    return Quantized(codes, scales, x.shape, scheme, role, outer, zero_point)
+    if zp is not None:
+        zp = zp.reshape(geo.scale_shape)
+    return Quantized(codes, scales, x.shape, scheme, role, outer, zp)
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,3 +1,6 @@
+import importlib
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -227,3 +230,89 @@ def test_mx_scale_rules_hand_worked():
     for rule in ("ocp", "ceil"):
         q = quantize(x, Scheme.model_validate({"format": "mxfp8", "scale_rule": rule}), role="weight")
         assert int(q.scales.flatten()[0]) == 127 + 1 and q.dequantize()[0, 0].item() == 896.0
+
+
+# ---------------------------------------------------------------- chunked, on the chunk workers
+
+def _e4m3(a: np.ndarray) -> np.ndarray:
+    return np.clip(a, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+def _blocks(x: np.ndarray, r: int, c: int) -> np.ndarray:
+    """[rows, cols] -> [nbr, r, nbc, c], zero-padded (amax of a partial block is its real elements')."""
+    n, k = x.shape
+    p = np.zeros((-(-n // r) * r, -(-k // c) * c), dtype=x.dtype)
+    p[:n, :k] = x
+    return p.reshape(p.shape[0] // r, r, p.shape[1] // c, c)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of 4096 elements: the tensors below split into several chunks on the workers."""
+    qm = importlib.import_module("pcc.numerics.quantize")  # the package's `quantize` is the function
+    monkeypatch.setattr(qm, "_CHUNK", 4096)
+    return qm
+
+
+def test_chunked_fp8_block_matches_numpy_and_ml_dtypes(small_chunks):
+    # batched [E, N, K] with partial blocks on both axes: blocks never cross an expert or a chunk edge
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 300, 200, generator=g) * torch.rand(3, 300, 1, generator=g) * 5).to(torch.bfloat16)
+    x[1, 140:260] *= 100  # one block row of expert 1 far larger
+    q = quantize(x, "fp8_block")
+    for e in range(3):
+        xb = _blocks(x[e].float().numpy(), 128, 128)
+        s = (np.abs(xb).max(axis=(1, 3)) / np.float32(448)).astype(np.float32)
+        assert np.array_equal(q.scales[e].numpy(), s)
+        codes = _e4m3(xb / s[:, None, :, None]).reshape(384, 256)[:300, :200]
+        assert np.array_equal(q.codes[e].view(torch.uint8).numpy(), codes)
+
+
+def test_chunked_mxfp8_nvfp4_int4_match_independent_references(small_chunks):
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(257, 96, generator=g) * torch.logspace(-3, 2, 257).unsqueeze(1)).float()
+    xn = x.numpy()
+    # MXFP8, OCP MX v1.0: E8M0 exponent floor(log2(amax)) - 8, codes e4m3(x / 2**e)
+    q = quantize(x, "mxfp8")
+    amax = np.abs(xn.reshape(257, 3, 32)).max(-1)
+    e = np.floor(np.log2(amax)).astype(np.int32) - 8
+    assert np.array_equal(q.scales.numpy().astype(np.int32) - 127, e)
+    ref = _e4m3(xn.reshape(257, 3, 32) / np.exp2(e)[..., None].astype(np.float32)).reshape(257, 96)
+    assert np.array_equal(q.codes.view(torch.uint8).numpy(), ref)
+    # NVFP4 (TransformerEngine): S_enc = 2688 / amax(x), s_b = e4m3(amax_b * S_enc / 6), codes e2m1(x * S_enc / s_b)
+    q = quantize(x, "nvfp4")
+    s_enc = np.float32(448 * 6) / np.abs(xn).max()
+    amax = np.abs(xn.reshape(257, 6, 16)).max(-1)
+    s_b = (amax * (s_enc * np.float32(1 / 6))).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(q.scales.view(torch.uint8).numpy(), s_b.view(np.uint8))
+    assert q.outer_scale.item() == s_enc
+    factor = np.float32(1) / (s_b.astype(np.float32) * (np.float32(1) / s_enc))
+    fp4 = (xn.reshape(257, 6, 16) * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    assert np.array_equal(q.element_values().numpy(),
+                          fp4.reshape(257, 96).view(ml_dtypes.float4_e2m1fn).astype(np.float32))
+    # INT4 group 32, symmetric: s = amax / 7, codes round-half-even(x / s)
+    q = quantize(x, "int4_g32")
+    amax = np.abs(xn.reshape(257, 3, 32)).max(-1)
+    s = (amax / np.float32(7)).astype(np.float32)
+    assert np.array_equal(q.scales.numpy(), s)
+    codes = np.clip(np.rint(xn.reshape(257, 3, 32) / s[..., None]), -7, 7).reshape(257, 96)
+    assert np.array_equal(q.element_values().numpy(), codes)
+
+
+def test_chunked_nonfinite_names_the_first_block(small_chunks):
+    x = torch.randn(512, 256)
+    x[400, 3] = float("nan")
+    x[300, 200] = float("inf")  # an earlier block, in another chunk
+    with pytest.raises(ValueError, match=r"w: NaN or inf in scale block \(2, 1\)"):
+        quantize(x, "fp8_block", name="w")
+
+
+def test_chunks_run_on_workers_with_one_intra_op_thread(small_chunks):
+    qm = small_chunks
+    seen, before = [], torch.get_num_threads()
+    qm.run_chunks(lambda k: seen.append((threading.current_thread().name, torch.get_num_threads())), range(8))
+    if qm.cores() > 1:
+        assert all(name.startswith("pcc-chunks") and n == 1 for name, n in seen), seen
+    assert len(seen) == 8 and torch.get_num_threads() == before
+    with pytest.raises(ZeroDivisionError):  # a worker's error reaches the caller
+        qm.run_chunks(lambda k: 1 / (k - 3), range(6))
