@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from pcc.models.base import FAMILIES, CatalogError, Operator, config_dtype, lm_config
+from pcc.models.base import FAMILIES, CatalogError, Operator, check_config, config_dtype, lm_config
 from pcc.models.classify import Slot, classify, order_key
 from pcc.models.shapes import formula_shape
 
@@ -87,6 +87,7 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     With ``check_shapes`` a given shape that disagrees with the config
     formula is an error; a missing shape is always taken from the formula.
     """
+    check_config(config, f"{source}/config.json" if source else f"the config of {name}")
     formulas: dict[str, tuple[int, ...] | None] = {}
     placed: list[tuple[tuple, Operator]] = []
     unshaped: list[str] = []

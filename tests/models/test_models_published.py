@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,22 +27,8 @@ from pcc.models import catalog_from_checkpoint, load_catalog
 
 INDEX = "model.safetensors.index.json"
 
-# openai/gpt-oss-20b config.json, as published (layer_types abbreviated to its 24 alternating entries).
-GPT_OSS_20B = {
-    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
-    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
-    "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
-    "layer_types": ["sliding_attention", "full_attention"] * 12, "max_position_embeddings": 131072,
-    "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
-    "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False, "pad_token_id": 199999,
-    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
-    "rms_norm_eps": 1e-05,
-    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
-                     "rope_type": "yarn", "truncate": False},
-    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
-    "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": 201088,
-}
+# openai/gpt-oss-20b config.json, as published (one copy, shared with tests/plan).
+GPT_OSS_20B = json.loads((Path(__file__).parent / "published" / "openai--gpt-oss-20b.config.json").read_text())
 TINY_GPT_OSS = dict(GPT_OSS_20B, hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
                     num_key_value_heads=2, num_local_experts=4, num_hidden_layers=2, vocab_size=128,
                     layer_types=["sliding_attention", "full_attention"])
