@@ -72,7 +72,7 @@ def _section_rules(rules: list[Rule], section: str, allowed: tuple[str, ...]) ->
 
 
 class Rollout(_Model):
-    engine: Literal["sglang"] = "sglang"
+    engine: Literal["sglang", "vllm"] = "sglang"
     hardware: str | None = None
     rules: list[Rule] = Field(default_factory=list)
     parallel: Parallel = Parallel()

