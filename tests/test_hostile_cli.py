@@ -83,6 +83,8 @@ CASES = [
     ("export-under-a-file", ["export", TINY, "-o", "{d}/afile/x.json"], 1, "PCC709", "cannot write"),
     ("run-out-is-a-file", RUN + ["--out", "{d}/afile"], 1, "PCC707", "not a directory"),
     ("run-out-other-files", RUN + ["--out", "{d}/data", "--force"], 1, "PCC707", "not a run directory"),
+    ("validate-out-other-files", ["validate", TINY, "--out", "{d}/data", "--levels", "1"], 1, "PCC707",
+     "not a validation run directory"),
     ("run-resume-nothing", RUN + ["--out", "{d}/r3", "--resume"], 1, "PCC707", "no run to resume"),
 ]
 

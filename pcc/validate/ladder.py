@@ -65,11 +65,31 @@ def _say(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
+MARKER = ".pcc-validate"  # written first into the run directory: what a later validate may write over
+
+
+def _claim(out: Path) -> None:
+    """validate writes `source/`, `rollout/`, `versions/` and reports into `out`: only into a new or empty
+    directory or one a validate wrote (its marker), so a user's folder is never written over (PCC707)."""
+    from pcc.runtime.rundir import RunDirError
+
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out}: exists and is not a directory; --out names the validation's run directory")
+    if out.is_dir() and not (out / MARKER).is_file() and any(out.iterdir()):
+        raise RunDirError(f"{out}: holds files and is not a validation run directory (no {MARKER}); validate "
+                          "writes only into a new, empty or earlier validation directory: choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("pcc validate run directory\n", encoding="utf-8")
+    except OSError as exc:
+        raise RunDirError(f"{exc.filename or out}: cannot write: {exc.strerror}", "PCC709") from None
+
+
 def validate(target: str, levels: list[int], out: Path, engine: str = "local", model: str | None = None,
              keep_going: bool = False, cfg: ValidateConfig | None = None, inject: tuple = (),
              progress: bool = False, plots: bool = True) -> dict:
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _claim(out)
     cfg = cfg or ValidateConfig()
     inject = F.check(inject)
     results: list[LevelResult] = []
