@@ -15,13 +15,14 @@ hub cache snapshot, into that model's `blobs/`). docs/models.md.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path, PurePosixPath
 
 from pcc.lang.inputs import InputError, read_json
 from pcc.models.base import SAFETENSORS_DTYPES, CatalogError, check_config, config_dtype, inside, lm_config
 from pcc.models.builtin import catalog_from_config
 from pcc.models.catalog import Catalog, Record, assemble
-from pcc.models.quantized import logical_records, read_small_int, recognize, recognize_names
+from pcc.models.quantized import ST_ITEM, logical_records, read_small_int, recognize, recognize_names
 from pcc.models.shapes import KNOWN_MODEL_TYPES
 
 _INDEX = "model.safetensors.index.json"
@@ -120,7 +121,37 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
         if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise CatalogError(f"{path}: {tensor} has dtype {entry['dtype']!r}, which pcc does not know "
                                f"(it reads {', '.join(SAFETENSORS_DTYPES)})", code="PCC210")
+    _check_offsets(path, header, size - 8 - length)
     return header, 8 + length
+
+
+def _check_offsets(path: Path, header: dict[str, dict], data: int) -> None:
+    """Every tensor's bytes are its dtype x shape, and together they tile the data from 0 with no gap or
+    overlap (as the safetensors format requires), within the file: one tensor's bytes are never read as
+    another's. PCC210; a file shorter than its header says is "truncated"."""
+    spans = []
+    for tensor, entry in header.items():
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in offsets) and offsets[0] <= offsets[1]):
+            raise CatalogError(f"{path}: {tensor} has data_offsets {offsets!r}; a safetensors entry has [begin, end] "
+                               f"with 0 <= begin <= end", code="PCC210")
+        need = ST_ITEM[entry["dtype"]] * math.prod(entry["shape"])
+        if offsets[1] - offsets[0] != need:
+            raise CatalogError(f"{path}: {tensor} spans {offsets[1] - offsets[0]} bytes, but {entry['dtype']} "
+                               f"{entry['shape']} needs {need}: the header is corrupt", code="PCC210")
+        spans.append((offsets[0], offsets[1], tensor))
+    spans.sort()
+    at, last = 0, None
+    for begin, end, tensor in spans:
+        if begin != at:
+            what = f"overlaps {last}" if begin < at else f"leaves a gap of {begin - at} bytes after {last or 'the header'}"
+            raise CatalogError(f"{path}: {tensor} at bytes [{begin}, {end}) {what}: the header is corrupt",
+                               code="PCC210")
+        at, last = end, tensor
+    if at > data:
+        raise CatalogError(f"{path}: truncated: tensor {last} ends at byte {at} of the data, the file holds {data}",
+                           code="PCC210")
 
 
 def read_safetensors_header(path: Path) -> dict[str, dict]:

@@ -109,6 +109,13 @@ def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) ->
     """The logical view of a source with these header entries (name -> {dtype, shape, ...}).
     `read_small(name) -> list[int]` reads a tiny integer tensor (int4's `weight_shape`).
     A source with no quantized weights gives an empty view. Errors name config.json or the tensor."""
+    try:
+        return _recognize(root, config, entries, read_small)
+    except (TypeError, AttributeError) as err:  # a quantization_config field of the wrong JSON type
+        raise QuantizedError(f"{root / 'config.json'}: malformed quantization_config ({err})") from None
+
+
+def _recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:
     qc = quantization_config(root, config)
     method = str(qc.get("quant_method", "")).lower() if qc else None
     view = View(method)
@@ -135,6 +142,10 @@ def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) ->
     return view
 
 
+def _positive(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def _need(entries: dict, name: str, owner: str, what: str) -> dict:
     e = entries.get(name)
     if e is None:
@@ -156,10 +167,10 @@ def _see_fp8(view: View, name: str, e: dict, entries: dict, qc: dict | None, met
     parts = [("weight", name)]
     if inv in entries:
         block = (qc or {}).get("weight_block_size")
-        _check(method == "fp8" and isinstance(block, list) and len(block) == 2,
+        _check(method == "fp8" and isinstance(block, list) and len(block) == 2 and all(_positive(v) for v in block),
                f"{name}: F8_E4M3 with {inv}, but {where} has no quantization_config quant_method fp8 with "
-               "weight_block_size [R, C], so its scale blocks are unknown")
-        r, c = (int(v) for v in block)
+               f"weight_block_size [R, C] of positive integers (it has {block!r}), so its scale blocks are unknown")
+        r, c = block
         s = entries[inv]
         want = [math.ceil(n / r), math.ceil(k / c)]
         _check(s["dtype"] in _FLOAT_SCALE and s["shape"] == want,
@@ -192,8 +203,8 @@ def _see_nvfp4(view: View, name: str, e: dict, entries: dict, qc: dict | None, m
     shape = e["shape"]
     _check(len(shape) == 2, f"{name}: U8 {shape}; a packed NVFP4 weight is [N, K/2]")
     n, k = shape[0], 2 * shape[1]
-    group = int((qc or {}).get("group_size") or 16)
-    _check(group == 16, f"{where}: NVFP4 group_size {group}; NVFP4 scales groups of 16")
+    group = (qc or {}).get("group_size") or 16
+    _check(group == 16, f"{where}: NVFP4 group_size {group!r}; NVFP4 scales groups of 16")
     _check(s["shape"] == [n, math.ceil(k / 16)],
            f"{name}_scale: {s['shape']}; NVFP4 scales of {name} [N={n}, K={k}] are [{n}, {math.ceil(k / 16)}]")
     s2 = _need(entries, name + "_scale_2", name, "global scale")
@@ -234,7 +245,7 @@ def _see_int4(view: View, packed: str, e: dict, entries: dict, qc: dict | None, 
     _check(scale["dtype"] in _FLOAT_SCALE and len(scale["shape"]) == 2 and scale["shape"][0] == n,
            f"{prefix}.weight_scale: {scale['dtype']} {scale['shape']}; INT4 scales of [{n}, {k}] are [{n}, K/G]")
     ng = scale["shape"][1]
-    sizes = {w.get("group_size") for w in groups if w.get("strategy", "group") == "group" and w.get("group_size")}
+    sizes = {w.get("group_size") for w in groups if w.get("strategy", "group") == "group" and _positive(w.get("group_size"))}
     g = next((s for s in sorted(sizes) if math.ceil(k / s) == ng), None) if ng > 1 else k
     if g is None and k % ng == 0:
         g = k // ng

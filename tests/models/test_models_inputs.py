@@ -166,3 +166,75 @@ def test_a_shape_that_is_simply_wrong_does_not_mention_packing(tmp_path):
     tensors[name] = torch.zeros(n, k // 2, dtype=torch.bfloat16)
     code, message = _code(write_checkpoint(tmp_path / "ckpt", built.config, tensors))
     assert code == "PCC204" and "packed" not in message
+
+
+def _rewrite_header(shard, edit) -> None:
+    """Rewrite one shard's JSON header through `edit(header)`, keeping its data bytes."""
+    raw = shard.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    edit(header)
+    new = json.dumps(header).encode()
+    shard.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + length:])
+
+
+def _two_tensors(header) -> tuple[str, str]:
+    names = sorted((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+    return names[0], names[1]
+
+
+def test_overlapping_offsets_are_pcc210(tmp_path):
+    """One expert's bytes read as another's converted 'ok' before (issue 14): the tiling is checked."""
+    root = _shards(tmp_path)
+    shard = sorted(root.glob("*.safetensors"))[0]
+
+    def overlap(header):
+        a, b = _two_tensors(header)
+        begin, end = header[b]["data_offsets"]
+        header[b]["data_offsets"] = [begin - 2, end - 2]
+
+    _rewrite_header(shard, overlap)
+    code, message = _code(root)
+    assert code == "PCC210" and "overlaps" in message and shard.name in message
+
+
+def test_offsets_that_disagree_with_dtype_and_shape_are_pcc210(tmp_path):
+    root = _shards(tmp_path)
+    shard = sorted(root.glob("*.safetensors"))[0]
+
+    def grow(header):
+        a, _ = _two_tensors(header)
+        header[a]["shape"] = [header[a]["shape"][0] * 2, *header[a]["shape"][1:]]
+
+    _rewrite_header(shard, grow)
+    code, message = _code(root)
+    assert code == "PCC210" and "the header is corrupt" in message
+
+
+def test_negative_offsets_are_pcc210(tmp_path):
+    root = _shards(tmp_path)
+    shard = sorted(root.glob("*.safetensors"))[0]
+    _rewrite_header(shard, lambda h: h[_two_tensors(h)[0]].update(data_offsets=[-4, 0]))
+    assert _code(root)[0] == "PCC210"
+
+
+@pytest.mark.parametrize("qc", [
+    {"quant_method": "fp8", "weight_block_size": ["128", "x"]},
+    {"quant_method": "fp8", "weight_block_size": 128},
+    {"quant_method": "modelopt", "quantization": "NVFP4"},
+    {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ["group_0"]},
+])
+def test_malformed_quantization_config_is_pcc208(tmp_path, qc):
+    built = load_catalog("tiny_dense")
+    tensors = tensors_for(built)
+    name = "model.layers.0.mlp.down_proj"
+    n, k = tensors[name + ".weight"].shape
+    if qc["quant_method"] == "fp8":
+        tensors[name + ".weight"] = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+        tensors[name + ".weight_scale_inv"] = torch.ones(1, 1)
+    elif qc["quant_method"] == "compressed-tensors":
+        del tensors[name + ".weight"]
+        tensors.update({name + ".weight_packed": torch.zeros(n, k // 8, dtype=torch.int32),
+                        name + ".weight_scale": torch.ones(n, 1), name + ".weight_shape": torch.tensor([n, k])})
+    code, message = _code(write_checkpoint(tmp_path / "q", dict(built.config, quantization_config=qc), tensors))
+    assert code == "PCC208" and "config.json" in message
