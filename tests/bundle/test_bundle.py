@@ -172,3 +172,41 @@ def test_a_checkpoint_models_bundle_names_the_checkpoint_not_a_folder_inside_it(
     assert f'model from "{tmp_path / "ckpt"}"' in text
     again = compile_file(str(out / "contract.prec"))
     assert again.ok and again.plan.catalog.num_layers == config["num_hidden_layers"]
+
+
+def test_fuzzed_bundles_are_refused_with_a_code_never_a_traceback(tmp_path):
+    """Random damage to a bundle's manifest and files: read_bundle answers BundleError (PCC706 or, for a
+    directory that no longer is a bundle, PCC701) or accepts a bundle that still matches; nothing else."""
+    import random
+
+    out = _bundle(tmp_path)
+    pristine = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    rng = random.Random(14)
+    mutations = 0
+    for _ in range(300):
+        for rel, data in pristine.items():
+            (out / rel).write_bytes(data)
+        rel = rng.choice(["manifest.json", "manifest.json", "contract.prec", "plan.json"])
+        data = bytearray(pristine[rel])
+        kind = rng.randrange(4)
+        if kind == 0 and data:  # flip bytes
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # truncate
+            data = data[:rng.randrange(len(data) + 1)]
+        elif kind == 2:  # a JSON value of another shape where the manifest has its files
+            m = json.loads(pristine["manifest.json"])
+            m["files"][rng.choice(list(m["files"]))] = rng.choice([None, 1, [], {}, "../x", "f" * 64, True])
+            rel, data = "manifest.json", bytearray(json.dumps(m).encode())
+        else:  # a key renamed to a path outside
+            m = json.loads(pristine["manifest.json"])
+            key = rng.choice(list(m["files"]))
+            m["files"][rng.choice(["/" + key, "../" + key, key + "/..", "./" + key])] = m["files"].pop(key)
+            rel, data = "manifest.json", bytearray(json.dumps(m).encode())
+        (out / rel).write_bytes(bytes(data))
+        try:
+            read_bundle(out)
+        except BundleError as exc:
+            assert exc.code in ("PCC706", "PCC701"), exc
+            mutations += 1
+    assert mutations > 250  # almost every mutation is caught (a flip inside JSON whitespace may not matter)
