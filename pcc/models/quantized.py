@@ -15,6 +15,7 @@ with only the index, the names alone (`recognize_names`).
 |---|---|---|
 | fp8_block | `P.weight` F8_E4M3 [N, K], `P.weight_scale_inv` F32 [ceil(N/R), ceil(K/C)] | code x scale of its RxC block |
 | fp8_tensor | `P.weight` F8_E4M3 [N, K], `P.weight_scale` F32 [] or [1] | code x scale |
+| (compressed-tensors FP8) | `P.weight` F8_E4M3 [N, K], `P.weight_scale` [1], [N, 1] or [ceil(N/R), ceil(K/C)] | fp8_tensor, or fp8_block of 1xK or RxC |
 | nvfp4 | `P.weight` U8 [N, K/2] (element 2i low nibble), `P.weight_scale` F8_E4M3 [N, K/16], `P.weight_scale_2` F32 [] | (e2m1 x e4m3 scale of its 16) x scale_2 |
 | int4 | `P.weight_packed` I32 [N, K/8], `P.weight_scale` [N, K/G], `P.weight_shape` I64 [2], opt. `P.weight_zero_point` I32 [ceil(N/8), K/G] | (q - zp) x scale of its G |
 | mxfp4 | `L.mlp.experts.{gate_up,down}_proj_blocks` U8 [E, rows, K/32, 16], `..._scales` U8 E8M0 [E, rows, K/32] | e2m1 x 2^(e-127); expert j's gate = rows 2r, up = rows 2r+1 |
@@ -177,6 +178,8 @@ def _see_fp8(view: View, name: str, e: dict, entries: dict, qc: dict | None, met
                f"{inv}: {s['dtype']} {s['shape']}; block {r}x{c} scales of {name} {shape} are F32 {want}")
         enc = Encoding("fp8_block", name, (n, k), (*parts, ("scale", inv)), (r, c),
                        pow2=str((qc or {}).get("scale_fmt", "")).lower() == "ue8m0")
+    elif per in entries and method == "compressed-tensors":
+        enc = _compressed_fp8(name, (n, k), entries[per], per, qc or {}, where)
     elif per in entries:
         s = entries[per]
         _check(s["dtype"] in _FLOAT_SCALE and math.prod(s["shape"]) == 1,
@@ -192,6 +195,31 @@ def _see_fp8(view: View, name: str, e: dict, entries: dict, qc: dict | None, met
     view.consumed.update(t for _, t in enc.parts)
     if prefix + ".input_scale" in entries:  # a static activation scale: the rollout's FP8 is dynamic
         view.consumed.add(prefix + ".input_scale")
+
+
+def _compressed_fp8(name: str, shape: tuple[int, int], s: dict, per: str, qc: dict, where) -> Encoding:
+    """compressed-tensors float-quantized FP8 (llm-compressor FP8_DYNAMIC / FP8_BLOCK): `weight_scale` per
+    tensor [1], per channel [N, 1] (a block of one row by K) or per block [ceil(N/R), ceil(K/C)]."""
+    n, k = shape
+    fmt = str(qc.get("format", ""))
+    _check(fmt in ("float-quantized", "naive-quantized", "mixed-precision"),
+           f"{where}: compressed-tensors format {fmt!r} with F8_E4M3 weights; pcc reads float-quantized FP8")
+    groups = [g.get("weights") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    groups = [w for w in groups if isinstance(w, dict) and w.get("type") == "float" and w.get("num_bits") == 8]
+    _check(bool(groups), f"{where}: F8_E4M3 {name}, but no compressed-tensors config group of 8-bit float weights")
+    _check(all(w.get("symmetric", True) for w in groups), f"{where}: asymmetric FP8 weights are not read")
+    _check(s["dtype"] in _FLOAT_SCALE, f"{per}: {s['dtype']}; FP8 weight scales are F32, BF16 or F16")
+    if math.prod(s["shape"]) == 1:
+        return Encoding("fp8_tensor", name, shape, (("weight", name), ("scale", per)), shape)
+    if s["shape"] == [n, 1]:
+        return Encoding("fp8_block", name, shape, (("weight", name), ("scale", per)), (1, k))
+    for w in groups:
+        block = w.get("block_structure")
+        if (w.get("strategy") == "block" and isinstance(block, list) and len(block) == 2
+                and all(_positive(v) for v in block) and s["shape"] == [math.ceil(n / block[0]), math.ceil(k / block[1])]):
+            return Encoding("fp8_block", name, shape, (("weight", name), ("scale", per)), tuple(block))
+    raise QuantizedError(f"{per}: {s['shape']}; FP8 scales of {name} [{n}, {k}] are per tensor [1], per channel "
+                         f"[{n}, 1] or per block of the config's block_structure")
 
 
 def _see_nvfp4(view: View, name: str, e: dict, entries: dict, qc: dict | None, method, where) -> None:
@@ -294,8 +322,6 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     consumes). Only the names are known, so shapes come from config.json; a fused mxfp4 experts tensor
     becomes one logical weight per expert (the count from the config)."""
     names = set(names)
-    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
-    method = str(qc.get("quant_method", "")).lower() if isinstance(qc, dict) else ""
     weights: dict[str, str] = {}
     consumed: set[str] = set()
     for name in names:
@@ -313,11 +339,8 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
             consumed.add(name)
             owner = name.rsplit(".", 1)[0] + ".weight"
             if owner in names and name.endswith((".weight_scale_inv", ".weight_scale")):
-                kind = ("nvfp4" if owner + "_scale_2" in names else
-                        "fp8_block" if name.endswith("_inv") else "fp8_tensor" if method != "compressed-tensors"
-                        else None)
-                if kind is not None:
-                    weights.setdefault(owner, DTYPES[kind])
+                kind = "nvfp4" if owner + "_scale_2" in names else "fp8_block"
+                weights.setdefault(owner, DTYPES[kind])
     for name in weights:
         consumed.discard(name)
     return weights, consumed

@@ -539,3 +539,56 @@ def test_a_compressed_tensors_format_it_does_not_read(tmp_path, capsys):
     (src / "config.json").write_text(json.dumps(config))
     err = _fail(contract, src, tmp_path / "dst", capsys)
     assert "nvfp4-pack-quantized" in err and "config.json" in err
+
+
+def _ct_fp8_config(strategy: str, block=None) -> dict:
+    """llm-compressor's FP8_DYNAMIC (channel) / FP8_BLOCK quantization_config, as compressed-tensors writes it."""
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False,
+               "group_size": None, "block_structure": block, "actorder": None, "observer": "minmax"}
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token" if block is None else "group",
+            "dynamic": True, "group_size": None if block is None else 128}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts,
+                                          "output_activations": None, "format": "float-quantized"}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None}
+
+
+@pytest.mark.parametrize("strategy, block", [("channel", None), ("block", [128, 128])])
+def test_compressed_tensors_fp8_source(wide_moe, tmp_path, capsys, strategy, block):
+    """compressed-tensors float-quantized FP8 (per channel: `weight_scale` [N, 1]; per block: [N/128, K/128]):
+    `model from` it checks with no scale extras, and it converts to BF16 as code x scale exactly."""
+    wide = _load(wide_moe)
+    tensors, values = {}, {}
+    for name, w in wide.items():
+        if not _quantized_by_deepseek(name):
+            tensors[name] = w
+            continue
+        x = w.float().numpy()
+        if block is None:
+            scale = (np.abs(x).max(axis=1, keepdims=True) / np.float32(448.0)).astype(np.float32)
+            codes = (x / scale).astype(ml_dtypes.float8_e4m3fn)
+            values[name] = codes.astype(np.float32) * scale
+        else:
+            codes, scale = _fp8_block_by_hand(x)
+            values[name] = _fp8_block_value(codes.view(np.uint8), scale)
+        tensors[name] = torch.from_numpy(codes.view(np.uint8)).view(torch.float8_e4m3fn)
+        tensors[name[: -len("weight")] + "weight_scale"] = torch.from_numpy(scale).to(torch.bfloat16 if block is None else torch.float32)
+        if block is None:  # BF16 scales: their value is what the checkpoint holds
+            values[name] = codes.astype(np.float32) * torch.from_numpy(scale).to(torch.bfloat16).float().numpy()
+    src = tmp_path / "ct-fp8"
+    shutil.copytree(wide_moe, src)
+    _write_shards(src, tensors)
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = _ct_fp8_config(strategy, block)
+    (src / "config.json").write_text(json.dumps(config))
+    from pcc.models import catalog_from_checkpoint
+
+    cat = catalog_from_checkpoint(src)
+    assert not [t for t in cat.extra_tensors if "scale" in t]
+    assert {op.dtype for op in cat.operators if op.tensor in values} == {"fp8_e4m3"}
+    wide_contract = _contract(tmp_path, "wide", "linear : bf16")
+    _convert(wide_contract, src, tmp_path / "wide", capsys)
+    out = _load(tmp_path / "wide")
+    for name, want in values.items():
+        assert torch.equal(out[name], torch.from_numpy(want).to(torch.bfloat16)), name
+    _verify(wide_contract, tmp_path / "wide", src, capsys)
