@@ -15,6 +15,7 @@ from collections import defaultdict
 import yaml
 
 from pcc.lower import Lowered, Unsupported, target, unsupported
+from pcc.lower.engine_support import check
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
 from pcc.resources import data_dir
@@ -316,6 +317,10 @@ def lower_megatron(plan: Plan) -> Lowered:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron requires it for TP > 1 before Blackwell "
                      "(communication/compute overlap ordering).")
 
+    asked = next((d.path for d, _ in plan.used("fprop") if not d.scheme.wide), "trainer.rules")
+    where = {"--fp8-recipe": asked, "--fp4-recipe": asked, "--fp4-format": asked, "--te-precision-config-file": asked}
+    for engine, name in (("megatron", "Megatron (Miles' fork)"), ("transformer_engine", "Transformer Engine")):
+        check(engine, args, env, lambda key: where.get(key.split(" ", 1)[0], asked if key in env else "trainer"), name)
     out.files["trainer/args.txt"] = "".join(a + "\n" for a in args)
     out.files["trainer/env.sh"] = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
     return out

@@ -18,6 +18,7 @@ import shlex
 
 from pcc.lower import Lowered, Unsupported, lower, module_leaf, target
 from pcc.lower.checkpoint_config import rollout_layout
+from pcc.lower.engine_support import check, miles_hardware_modes, targeted
 from pcc.lower.miles_arch import architecture, tables
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
@@ -146,23 +147,45 @@ def model_args_file(plan: Plan) -> tuple[str, list[str], str]:
     return "\n".join(head + [f"# {n}" for n in arch.notes] + body) + "\n", arch.args, ""
 
 
-def _engine_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
-    """Warnings for low-precision modes Miles does not run on the contract's AMD GPUs."""
-    table, hw = tables()["engine_support"], hardware_table()
-    out = []
+def _rule_asking(plan: Plan, side: str) -> str:
+    """The first low-precision rule of a side (its weights, not the KV cache): what asked for its mode."""
+    ops = plan.catalog.operators
+    component = "fprop" if side == "trainer" else "rollout"
+    return next((d.path for d, idx in plan.used(component) if not d.scheme.wide
+                 and any(ops[i].family != "kv_cache" for i in idx)), side)
+
+
+def _hardware_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
+    """PCC615 warnings for low-precision modes the targeted Miles does not run on the contract's GPUs
+    (targets/engines.yaml miles_hardware: engine support, not what the GPU can do)."""
+    hw, out = hardware_table(), []
     recipe = next((mega.args[i + 1] for i, a in enumerate(mega.args) if a in ("--fp8-recipe", "--fp4-recipe")),
                   "int4_qat" if "OPEN_TRAINING_INT4_FAKE_QAT_FLAG" in mega.env else None)
     for side, mode in (("trainer", recipe), ("rollout", rollout_layout(plan))):
         name = plan.hardware(side) or ""
         arch = hw.get(name, {}).get("arch")
-        if arch not in table or mode in (None, "wide") or mode in table[arch][side]:
+        runs = miles_hardware_modes(arch) if arch else None
+        if runs is None or mode in (None, "wide") or mode in runs[side]:
             continue
-        runs = ", ".join(table[arch][side]) or "BF16 only"
+        shown = ", ".join(m for m in runs[side] if m != "wide") or "BF16 only"
         out.append(Unsupported(
-            f"Miles runs no {mode} {side} on {name} ({arch}): its AMD recipes run {runs} there "
-            "(targets/miles.yaml engine_support); the GPU's own formats (targets/hardware.yaml) are another "
-            "fact", "PCC612", side, "run this contract on NVIDIA hardware for Miles, or keep that side BF16"))
+            f"Miles {targeted('miles')} runs no {mode} {side} on {name} ({arch}): it runs {shown} there "
+            f"({runs['source']}; targets/engines.yaml miles_hardware). The GPU itself has the format "
+            "(targets/hardware.yaml): that is another fact", "PCC615", _rule_asking(plan, side),
+            "run this contract on NVIDIA hardware for Miles, or keep that side BF16"))
     return out
+
+
+def _asked_by(key: str) -> str:
+    """The contract path that made the Miles target emit `key` (a flag, a flag and its value, a variable)."""
+    flag = key.split(" ", 1)[0]
+    if flag in ("--use-rollout-routing-replay", "--use-routing-replay"):
+        return "routing_replay"
+    if flag.startswith("--lora") or flag == "--target-modules":
+        return "trainable"
+    if "tis" in flag:
+        return "correction"
+    return "trainer.rules" if flag.startswith("OPEN_TRAINING") else "sync"
 
 
 @target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel", "trainer.parallel"))
@@ -174,9 +197,12 @@ def lower_miles(plan: Plan) -> Lowered:
     if dropped:
         notes.append(f"left to Miles, which sets them itself (targets/miles.yaml sglang_owned): {', '.join(dropped)}")
     args = mega.args + own + sglang
+    custom_tis = ["--custom-tis-function-path"] * (plan.contract.correction.kind not in ("none", "tis"))
+    check("miles", own + custom_tis, mega.env, _asked_by, "Miles")
+    model_text, arch_args, gap = model_args_file(plan)
+    check("megatron", arch_args, None, lambda key: "model", "Megatron (Miles' fork)")
     env = dict(sorted({**mega.env, **roll.env}.items()))
     runtime_env = json.dumps({"env_vars": env}, indent=1, sort_keys=True) + "\n"
-    model_text, _, gap = model_args_file(plan)
     quoted = " \\\n  ".join(_flag_lines(args, set(mega.files) | set(roll.files)))
     custom = plan.contract.correction.kind not in ("none", "tis")
     need_tis = (f': "${{PCC_TIS_FUNCTION:?correction {plan.contract.correction.kind} needs its '
@@ -247,6 +273,6 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
             f"Miles needs the model's architecture as Megatron flags, and {gap}: miles/model_args.txt is "
             "empty and `pcc compile --verify` checks the trainer flags with stand-in dimensions", "PCC613", "model",
             "give the architecture in the Miles job file (docs/miles.md)"))
-    caveats += _engine_support(plan, mega)
+    caveats += _hardware_support(plan, mega)
     return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
                    caveats=caveats)

@@ -16,6 +16,7 @@ import yaml
 
 from pcc.lower import Lowered, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
+from pcc.lower.engine_support import check
 from pcc.plan import Plan
 from pcc.resources import data_dir
 
@@ -94,6 +95,21 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
     return ["--enable-lora", "--max-lora-rank", str(t.rank), "--lora-target-modules", *sorted(names)]
 
 
+def _asked_by(plan: Plan, key: str) -> str:
+    """The contract path that made the SGLang target emit `key` (a flag, or a flag and its value)."""
+    flag = key.split(" ", 1)[0]
+    if flag == "--quantization":
+        ops = plan.catalog.operators
+        return next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide
+                     and any(ops[i].family != "kv_cache" for i in idx)), "rollout")
+    if flag == "--kv-cache-dtype":
+        return next((r.path for r in plan.kv_cache_formats().values() if r is not None), "rollout")
+    if flag == "--enable-return-routed-experts":
+        return "routing_replay" if plan.contract.routing_replay == "r3" else "rollout.record"
+    return {"--enable-deterministic-inference": "rollout.deterministic", "--weight-version": "sync"}.get(
+        flag, "trainable" if "lora" in flag else "rollout")
+
+
 @target("sglang", honours=("rollout.rules", "rollout.parallel", "rollout.hardware", "rollout.deterministic",
                             "rollout.record", "trainable", "routing_replay"))
 def lower_sglang(plan: Plan) -> Lowered:
@@ -145,6 +161,7 @@ def lower_sglang(plan: Plan) -> Lowered:
                  f"{tab['initial_weight_version']}; every sync raises it, so samples carry the version they came from")
     if c.trainable.kind == "lora":
         args += _lora(plan, notes)
+    check("sglang", args, None, lambda key: _asked_by(plan, key), "SGLang")
     files = {ARGS_FILE: "".join(a + "\n" for a in args),
              LAUNCH: launch_script(args, tab["checkpoint_quant_method"].get(layout), c.trainable.kind == "lora")}
     qcfg = quantization_config(plan)

@@ -178,10 +178,10 @@ def test_low_precision_on_amd_warns_where_miles_has_no_recipe(tmp_path, hw, sche
     plan = _contract(tmp_path, f"  model qwen3_30b_a3b\n  hardware {hw}\n  rollout sglang {{\n    experts : {scheme}\n"
                                "  }\n  routing replay rollout\n")
     m = lower(plan, "miles")
-    amd = [c for c in m.caveats if "AMD" in c.message]
+    amd = [c for c in m.caveats if c.code == "PCC615"]
     assert bool(amd) == warned, [c.message for c in m.caveats]
-    if warned:
-        assert amd[0].code == "PCC612" and amd[0].path == "rollout"
+    if warned:  # on the rule that asked for the mode
+        assert amd[0].path == "rollout.rules[0]" and hw in amd[0].message
 
 
 # --- Blockwise FP8 scales by trainer architecture (targets/megatron.yaml recipe_env) -----------

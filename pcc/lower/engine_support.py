@@ -1,0 +1,91 @@
+"""What the engine versions pcc targets support (targets/engines.yaml), checked where a target emits it.
+
+The contract names engines, not versions: every bundle targets the versions in
+targets/engines.yaml `target` (docs/miles.md "Engine versions": how to target another). A target passes what it
+emits (flags with their values, environment variables) to `check`, with the contract path that
+asked for each; a flag, value or variable the targeted version does not have yet is PCC614 on
+that path. What Miles runs per GPU architecture (`miles_hardware`) is a separate fact from the
+GPU's own formats (targets/hardware.yaml): `miles_hardware_modes` gives it for the target.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Callable
+
+import yaml
+
+from pcc.lower import unsupported
+from pcc.resources import data_dir
+
+
+@functools.cache
+def table() -> dict:
+    with open(data_dir("targets") / "engines.yaml", encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def targeted(engine: str) -> str:
+    """The version of `engine` pcc lowers for."""
+    return str(table()["target"][engine]["version"])
+
+
+def _key(engine: str, version: str) -> tuple:
+    """An orderable form of `version`: dotted release numbers, or an ISO date."""
+    kind = table()["target"][engine]["versioning"]
+    if kind == "date":
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", version):
+            raise ValueError(f"{engine} version {version!r} is not a YYYY-MM-DD commit date")
+        return (version,)
+    if not re.fullmatch(r"\d+(\.\d+)*", version):
+        raise ValueError(f"{engine} version {version!r} is not a dotted release number")
+    return tuple(int(p) for p in version.split("."))
+
+
+def older(engine: str, version: str, than: str) -> bool:
+    return _key(engine, version) < _key(engine, than)
+
+
+def missing(engine: str, keys: list[str]) -> list[tuple[str, dict]]:
+    """The (key, row) of every key the targeted version of `engine` does not have yet."""
+    rows, have = table()["support"].get(engine, {}), targeted(engine)
+    return [(k, rows[k]) for k in keys if k in rows and older(engine, have, str(rows[k]["since"]))]
+
+
+def emitted(args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The support keys of an argument list and environment: each flag, each flag with each of its
+    values, each variable."""
+    keys: list[str] = []
+    flag = None
+    for a in args:
+        if a.startswith("--"):
+            flag = a
+            keys.append(a)
+        elif flag is not None:
+            keys.append(f"{flag} {a}")
+    return keys + sorted(env or {})
+
+
+def check(engine: str, args: list[str], env: dict[str, str] | None, where: Callable[[str], str | None],
+          name: str) -> None:
+    """PCC614 on the first key the targeted version of `engine` lacks; `where(key)` is the contract
+    path that asked for it, `name` the engine as the message says it."""
+    for key, row in missing(engine, emitted(args, env)):
+        have = targeted(engine)
+        unsupported("PCC614", f"{name} {have} (targets/engines.yaml) has no {key}: it needs {name} "
+                    f"{row['since']} or newer ({row['source']})", where(key),
+                    hint=f"target a newer {name} in targets/engines.yaml (docs/miles.md, 'Engine versions'), or ask the "
+                         "contract for something this version runs")
+
+
+def miles_hardware_modes(arch: str) -> dict | None:
+    """What the targeted Miles runs per side on GPU architecture `arch` ({"rollout": [...],
+    "trainer": [...], "source": ...}); None where no restriction is known."""
+    rows = table()["miles_hardware"].get(arch)
+    if not rows:
+        return None
+    have = targeted("miles")
+    fit = [r for r in rows if not older("miles", have, str(r["since"]))]
+    return max(fit, key=lambda r: _key("miles", str(r["since"]))) if fit else {"rollout": [], "trainer": [],
+                                                                              "source": "no Miles row that old"}
