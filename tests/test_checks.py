@@ -36,6 +36,10 @@ NO_FIXTURE = {
     # an input that is no regular file cannot be a committed fixture (tests/lang/test_inputs.py)
     "PCC109": "a link to /dev/zero, a FIFO", "PCC706": "a bundle that does not match its manifest",
     "PCC707": "a run directory refused", "PCC708": "a setting out of range", "PCC709": "an output the disk refused",
+    # checkpoint files and destinations of `pcc convert`: tests/convert/test_convert_hostile.py checks each code
+    "PCC710": "a corrupt safetensors header", "PCC711": "a destination convert will not replace",
+    "PCC712": "a shard changed after conversion", "PCC713": "an adapter that cannot be read",
+    "PCC714": "a checkpoint file outside its directory",
     # the shipped targets/engines.yaml targets versions that have everything pcc emits
     "PCC614": "an engine version older than targets/engines.yaml names (tests/lower/test_engine_support.py)",
 }

@@ -16,12 +16,14 @@ from pathlib import Path
 
 from pcc.convert import ConvertError
 from pcc.convert.contract import load_plan
+from pcc.convert.destination import check_destination, check_work, is_adapter
+from pcc.convert.source import checked_header, inside
 
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_A", ".lora_B")
 
 
 def export_adapter(contract: str, source: str, destination: str, force: bool = False) -> dict:
-    from safetensors import safe_open
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     plan = load_plan(contract)
@@ -29,31 +31,27 @@ def export_adapter(contract: str, source: str, destination: str, force: bool = F
     if c.trainable.kind != "lora":
         raise ConvertError(f"{contract}: 'trainable {c.trainable.kind}' has no adapter to export")
     dst = Path(destination)
-    if dst.exists() and not force:
-        raise ConvertError(f"{dst}: exists; pass --force to replace it")
+    check_destination(dst, force, is_adapter, "an exported adapter (only adapter_config.json and "
+                      "adapter_model.safetensors)")
+    work = dst.with_name(f".{dst.name}.partial")
+    check_work(work, is_adapter)
     src = Path(source)
-    files = sorted(src.glob("*.safetensors")) if src.is_dir() else [src]
+    files = [inside(src, f.name, "adapter file") for f in sorted(src.glob("*.safetensors"))] if src.is_dir() else [src]
     if not files or not all(f.is_file() for f in files):
-        raise ConvertError(f"{source}: no safetensors adapter files")
+        raise ConvertError(f"{source}: no safetensors adapter files", code="PCC713")
+    for f in files:
+        try:
+            checked_header(f)
+        except ConvertError as err:
+            raise ConvertError(f"unreadable adapter: {err}", code="PCC713") from None
     ops = plan.catalog.operators
     targets = {ops[i].tensor[: -len(".weight")]: ops[i] for i in plan.trainable}
     tensors, rank = {}, c.trainable.rank
     for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for name in h.keys():
-                suffix = next((s for s in _SUFFIXES if name.endswith(s)), None)
-                module = name[: -len(suffix)] if suffix else None
-                if module not in targets:
-                    raise ConvertError(f"{f}: {name} is not a LoRA tensor of a contract target "
-                                       f"({len(targets)} targets, e.g. {next(iter(targets))})")
-                t = h.get_tensor(name)
-                part = "lora_A" if "lora_A" in suffix else "lora_B"
-                n, k = targets[module].shape
-                want = [rank, k] if part == "lora_A" else [n, rank]
-                if list(t.shape) != want:
-                    raise ConvertError(f"{f}: {name} has shape {list(t.shape)}, the contract's rank {rank} "
-                                       f"and {module} {list(targets[module].shape)} need {want}")
-                tensors[f"base_model.model.{module}.{part}.weight"] = t.contiguous()
+        try:
+            tensors.update(_read_adapter_file(f, targets, rank))
+        except SafetensorError as err:  # the header was checked; a file changed under us
+            raise ConvertError(f"{f}: unreadable adapter ({err})", code="PCC713") from None
     missing = [m for m in targets for p in ("lora_A", "lora_B") if f"base_model.model.{m}.{p}.weight" not in tensors]
     if missing:
         raise ConvertError(f"{source}: adapter lacks {len(missing)} tensors, first {missing[0]}")
@@ -61,7 +59,6 @@ def export_adapter(contract: str, source: str, destination: str, force: bool = F
               "lora_dropout": c.trainable.dropout, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
               "target_modules": sorted({m.rsplit(".", 1)[-1] for m in targets}), "modules_to_save": None,
               "base_model_name_or_path": None}
-    work = dst.with_name(f".{dst.name}.partial")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     save_file(dict(sorted(tensors.items())), str(work / "adapter_model.safetensors"), metadata={"format": "pt"})
@@ -71,3 +68,26 @@ def export_adapter(contract: str, source: str, destination: str, force: bool = F
     os.replace(work, dst)
     return {"ok": True, "destination": str(dst), "modules": len(targets), "rank": rank,
             "target_modules": config["target_modules"], "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+
+
+def _read_adapter_file(f: Path, targets: dict, rank: int) -> dict:
+    """`base_model.model.{module}.lora_{A,B}.weight` -> tensor for every tensor of one adapter file."""
+    from safetensors import safe_open
+
+    tensors = {}
+    with safe_open(str(f), framework="pt") as h:
+        for name in h.keys():
+            suffix = next((s for s in _SUFFIXES if name.endswith(s)), None)
+            module = name[: -len(suffix)] if suffix else None
+            if module not in targets:
+                raise ConvertError(f"{f}: {name} is not a LoRA tensor of a contract target "
+                                   f"({len(targets)} targets, e.g. {next(iter(targets))})")
+            t = h.get_tensor(name)
+            part = "lora_A" if "lora_A" in suffix else "lora_B"
+            n, k = targets[module].shape
+            want = [rank, k] if part == "lora_A" else [n, rank]
+            if list(t.shape) != want:
+                raise ConvertError(f"{f}: {name} has shape {list(t.shape)}, the contract's rank {rank} "
+                                   f"and {module} {list(targets[module].shape)} need {want}")
+            tensors[f"base_model.model.{module}.{part}.weight"] = t.contiguous()
+    return tensors

@@ -87,7 +87,7 @@ def cmd_verify(args, rep) -> int:
     rep.result = report
     for p in report["problems"]:
         more = f" (+{p['count'] - 1} more in this family)" if p["count"] > 1 else ""
-        rep.error(f"{p['family']}: {p['tensor']}: {p['message']}{more}", file=args.directory)
+        rep.error(f"{p['family']}: {p['tensor']}: {p['message']}{more}", file=args.directory, code=p["code"])
     for f in report["findings"]:
         rep.warning(f"{f['family']}: {f['tensor']}: {f['message']}", file=args.directory)
     status = "ok" if report["ok"] else "FAILED"

@@ -22,6 +22,7 @@ from pathlib import Path
 from pcc.convert import ConvertError
 from pcc.convert.calibration import resolve as resolve_input_scales
 from pcc.convert.contract import load_plan
+from pcc.convert.destination import CHECKPOINT_MARK, check_destination, check_work, is_checkpoint
 from pcc.convert.shards import RECORDS, ST_DTYPES, complete, plan_shards, ShardWriter
 from pcc.convert.source import INDEX, Source, open_source
 from pcc.lower.converter import converter_plan
@@ -43,19 +44,20 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     when the model is supported and small enough (None), or left 1.0 and counted (False)."""
     t0 = time.perf_counter()
     src = open_source(src_dir)
+    extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
     plan = load_plan(contract, source=src)
     doc = converter_plan(plan)
     dst = Path(dst_dir).resolve()
     root = Path(src.root).resolve()
     if dst == root or root in dst.parents or dst in root.parents:
         raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
-    if dst.exists() and not force:
-        raise ConvertError(f"{dst}: exists; pass --force to replace it")
+    check_destination(dst, force, is_checkpoint, "a pcc rollout checkpoint (it has no pcc_convert.json)")
     work = partial_dir(dst)
+    check_work(work, lambda w: (w / RECORDS).is_dir())
     if work.exists() and not resume:
         if not force:
             raise ConvertError(f"{work}: an interrupted conversion is there; --resume continues it, "
-                               "--force starts over")
+                               "--force starts over", code="PCC711")
         shutil.rmtree(work)
     try:
         scales = resolve_input_scales(plan, src, calibrate, calibration_tokens)
@@ -81,7 +83,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         src.close()
     writer.finish()
     hashes = {s.file: writer.sha256.get(s.file) or _recorded(work, s) for s in shards}
-    _finish(plan, doc, src, work, shards, hashes, job, scales)
+    _finish(plan, doc, src, work, shards, hashes, job, scales, extras)
     _install(work, dst)
     secs = time.perf_counter() - t0
     return {"ok": True, "destination": str(dst), "layout": doc["layout"], "tensors": len(order),
@@ -294,7 +296,8 @@ def _bar(total: int, progress: bool):
     return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
 
 
-def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str, scales) -> None:
+def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str, scales,
+            extras: list[Path]) -> None:
     """config.json, index, side files, manifest; then the written headers checked against the plan."""
     config = dict(src.config)
     config.pop("quantization_config", None)
@@ -303,13 +306,13 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
     _write_json(work / "config.json", config)
     if doc["hf_quant_config"] is not None:
         _write_json(work / "hf_quant_config.json", doc["hf_quant_config"])
-    for path in src.extra_files():
+    for path in extras:
         shutil.copyfile(path, work / path.name)
     weight_map = {n: s.file for s in shards for n in s.names}
     total = sum(s.size - len(s.header) for s in shards)
     if len(shards) > 1:
         _write_json(work / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-    _write_json(work / "pcc_convert.json", {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
+    _write_json(work / CHECKPOINT_MARK, {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
                                             "shards": hashes, "input_scales": scales.summary()})
     for s in shards:
         header = read_safetensors_header(work / s.file)

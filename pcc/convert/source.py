@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,9 +148,18 @@ class Source:
         self._handles.clear()
 
     def extra_files(self) -> list[Path]:
-        """Tokenizer, generation and other side files, copied to the output as they are."""
-        return sorted(p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
-                      and p.name not in _REWRITTEN and not p.name.endswith(_NOT_COPIED_SUFFIXES))
+        """Tokenizer, generation and other side files, copied to the output as they are. A link whose
+        target lies outside the checkpoint (or its hub cache's `blobs/`) is refused (PCC714): a
+        conversion never copies a file from elsewhere into its output."""
+        files = []
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith(".") or p.name in _REWRITTEN or p.name.endswith(_NOT_COPIED_SUFFIXES):
+                continue
+            if p.is_symlink():
+                inside(self.root, p.name, "side file")
+            if p.is_file():
+                files.append(p)
+        return files
 
 
 def open_source(root: str | Path) -> Source:
@@ -168,6 +178,8 @@ def open_source(root: str | Path) -> Source:
             weight_map = json.loads((root / INDEX).read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ConvertError(f"{root / INDEX}: unreadable index ({err})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConvertError(f"{root / INDEX}: weight_map must map each tensor name to a shard file name")
         files = sorted(set(weight_map.values()))
     else:
         weight_map, files = None, sorted(p.name for p in root.glob("*.safetensors"))
@@ -175,10 +187,10 @@ def open_source(root: str | Path) -> Source:
         raise ConvertError(f"{root}: no *.safetensors files (pickled checkpoints are not read)")
     src = Source(root, config)
     for file in files:
-        path = root / file
+        path = inside(root, file, "shard")
         if not path.is_file():
             raise ConvertError(f"{path}: listed in {INDEX} but missing")
-        header, src.data_start[file] = _checked_header(path)
+        header, src.data_start[file] = checked_header(path)
         for name, entry in header.items():
             if name in src.where:
                 raise ConvertError(f"{path}: tensor {name} is also in {src.where[name]}")
@@ -189,29 +201,69 @@ def open_source(root: str | Path) -> Source:
     return src
 
 
-def _checked_header(path: Path) -> dict:
+def inside(root: Path, name: str, what: str) -> Path:
+    """`root/name`, refused (PCC714) unless it is a plain name in the directory whose target, if it is a
+    link, lies inside the directory or, for a Hugging Face hub cache snapshot, in that model's `blobs/`."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
+        raise ConvertError(f"{root}: {what} {name!r} is not a file name in the checkpoint directory", code="PCC714")
+    path = root / name
+    real, base = path.resolve(), root.resolve()
+    allowed = [base]
+    if base.parent.name == "snapshots":
+        allowed.append(base.parent.parent / "blobs")
+    if not any(real.is_relative_to(a) for a in allowed):
+        raise ConvertError(f"{path}: the {what} links to {real}, outside the checkpoint directory; copy the file "
+                           "in or remove the link", code="PCC714")
+    return path
+
+
+# Bytes per element of every dtype the converter reads (safetensors names).
+ITEM_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+              "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+
+
+def checked_header(path: Path) -> tuple[dict, int]:
+    """The header of one shard, refused (PCC710) unless every tensor has a known dtype, a shape of whole
+    numbers and offsets that tile the data exactly: from 0, in order, without overlap or gap, ending at the
+    file's end (safetensors' own rule). So no byte is read as two tensors, and none is left unaccounted."""
     try:
         header = read_safetensors_header(path)
     except CatalogError as err:
-        raise ConvertError(str(err)) from None
+        raise ConvertError(str(err), code="PCC710") from None
     with path.open("rb") as f:
         length = int.from_bytes(f.read(8), "little")
-    item = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-            "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+    spans = []
     for name, e in header.items():
-        offsets, shape = e.get("data_offsets"), e.get("shape")
+        offsets, shape, dtype = e.get("data_offsets"), e.get("shape"), e.get("dtype")
         if not (isinstance(offsets, list) and len(offsets) == 2 and isinstance(shape, list)):
-            raise ConvertError(f"{path}: the header entry of {name} lacks data_offsets or shape")
-        n = 1
-        for d in shape:
-            n *= d
-        if e.get("dtype") in item and offsets[1] - offsets[0] != n * item[e["dtype"]]:
-            raise ConvertError(f"{path}: {name} spans {offsets[1] - offsets[0]} bytes, but {e['dtype']} "
-                               f"{shape} needs {n * item[e['dtype']]}: the header is corrupt")
-    end = max((e["data_offsets"][1] for e in header.values()), default=0)
-    size = path.stat().st_size
-    if size < 8 + length + end:
-        last = max(header, key=lambda n: header[n]["data_offsets"][1])
-        raise ConvertError(f"{path}: truncated: tensor {last} ends at byte {8 + length + end}, "
-                           f"the file has {size} bytes")
+            raise ConvertError(f"{path}: the header entry of {name} lacks data_offsets or shape", code="PCC710")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in offsets + shape):
+            raise ConvertError(f"{path}: {name} has offsets {offsets} and shape {shape}: each must be a whole "
+                               "number >= 0; the header is corrupt", code="PCC710")
+        if dtype not in ITEM_BYTES:
+            raise ConvertError(f"{path}: {name} has dtype {dtype!r}, which the converter does not read "
+                               f"({', '.join(ITEM_BYTES)})", code="PCC710")
+        begin, end = offsets
+        if end - begin != math.prod(shape) * ITEM_BYTES[dtype]:
+            raise ConvertError(f"{path}: {name} spans {end - begin} bytes, but {dtype} {shape} needs "
+                               f"{math.prod(shape) * ITEM_BYTES[dtype]}: the header is corrupt", code="PCC710")
+        spans.append((begin, end, name))
+    spans.sort()
+    data = path.stat().st_size - 8 - length
+    at, last = 0, None
+    for begin, end, name in spans:
+        if begin < at:
+            raise ConvertError(f"{path}: {name} starts at data byte {begin}, inside {last} (which ends at {at}): "
+                               "overlapping tensors; the header is corrupt", code="PCC710")
+        if begin > at:
+            raise ConvertError(f"{path}: {name} starts at data byte {begin}, but "
+                               f"{'the data' if last is None else last} ends at {at}: a gap no tensor accounts "
+                               "for; the header is corrupt", code="PCC710")
+        at, last = end, name
+    if at > data:
+        raise ConvertError(f"{path}: truncated: tensor {last} ends at byte {8 + length + at}, "
+                           f"the file has {path.stat().st_size} bytes", code="PCC710")
+    if at < data:
+        raise ConvertError(f"{path}: {data - at} bytes after the last tensor ({last or 'none'}) that no header "
+                           "entry accounts for; the header is corrupt", code="PCC710")
     return header, 8 + length

@@ -1,7 +1,7 @@
 """`pcc verify-checkpoint` (validation level 2): a rollout checkpoint is what the contract says.
 
-Checks names, dtypes and shapes of every expected tensor (scale grids included), that nothing
-else is there, that the tensors stored wide are exactly the plan's skip list, that config.json
+Checks every shard's SHA-256 against the record the conversion wrote (pcc_convert.json), names,
+dtypes and shapes of every expected tensor (scale grids included), that nothing else is there, that the tensors stored wide are exactly the plan's skip list, that config.json
 carries the plan's quantization_config; then for a sample (one tensor per recipe, or all with
 `--full`): scales are valid, and, given the source, codes equal pcc's quantizer byte for byte
 and dequantized values lie within the scheme's error bound of the source. Every NVFP4
@@ -11,10 +11,12 @@ given the source, one it carries must have been copied unchanged.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pcc.convert.contract import config_of, load_plan
-from pcc.convert.shards import ST_DTYPES
+from pcc.convert.destination import CHECKPOINT_MARK
+from pcc.convert.shards import ST_DTYPES, file_sha256
 from pcc.convert.source import open_source
 from pcc.lower.converter import converter_plan
 
@@ -37,8 +39,9 @@ def verify(contract: str, directory: str, source: str | None = None, full: bool 
     out = open_source(root)
     problems: dict[str, dict] = {}
 
-    def report(family: str, tensor: str, message: str) -> None:
-        problems.setdefault(family, {"family": family, "tensor": tensor, "message": message, "count": 0})
+    def report(family: str, tensor: str, message: str, code: str | None = None) -> None:
+        problems.setdefault(family, {"family": family, "tensor": tensor, "message": message, "count": 0,
+                                     "code": code})
         problems[family]["count"] += 1
 
     if config.get("quantization_config") != doc["quantization_config"]:
@@ -69,12 +72,43 @@ def verify(contract: str, directory: str, source: str | None = None, full: bool 
         lacking = sorted(set(doc["skip"]) - set(stored_wide))[:3]
         report("skip", "skip list", f"wide tensors differ from the contract's exceptions: extra {extra}, missing {lacking}")
     checked, findings, uncalibrated = 0, [], 0
-    if not problems or set(problems) <= {"config"}:
+    shards_checked = _shard_hashes(root, out, report, findings)
+    if set(problems) <= {"config", "shards"}:  # names and shapes right: the values can be read
         checked = _values(plan, doc, out, src, full, report)
-        uncalibrated, findings = _input_scales(doc, out, report)
+        uncalibrated, more = _input_scales(doc, out, report)
+        findings += more
     return {"ok": not problems, "directory": str(root), "layout": doc["layout"], "tensors": len(expected),
-            "values_checked": checked, "problems": sorted(problems.values(), key=lambda p: p["family"]),
+            "values_checked": checked, "shards_checked": shards_checked, "problems": sorted(problems.values(), key=lambda p: p["family"]),
             "findings": findings, "uncalibrated_input_scales": uncalibrated}
+
+
+def _shard_hashes(root: Path, out, report, findings: list) -> int:
+    """Each shard's size and SHA-256 against what the conversion recorded in pcc_convert.json (PCC712): a
+    shard changed, replaced or truncated after conversion fails even without --full. Returns the number
+    of shards checked; a checkpoint pcc did not write (no record) is a finding."""
+    record = root / CHECKPOINT_MARK
+    if not record.is_file():
+        findings.append({"family": "shards", "tensor": CHECKPOINT_MARK, "count": 1,
+                         "message": f"no {CHECKPOINT_MARK}: not written by pcc convert, shard hashes not checked"})
+        return 0
+    try:
+        shards = json.loads(record.read_text(encoding="utf-8"))["shards"]
+        if not (isinstance(shards, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in shards.items())):
+            raise TypeError("'shards' must map each shard file to its sha256")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        report("shards", CHECKPOINT_MARK, f"unreadable record of the shards ({err})", "PCC712")
+        return 0
+    present = set(out.where.values())
+    for file in sorted(present - set(shards)):
+        report("shards", file, f"a shard {CHECKPOINT_MARK} does not list", "PCC712")
+    for file, digest in sorted(shards.items()):
+        path = root / file
+        if file not in present or not path.is_file():
+            report("shards", file, f"listed in {CHECKPOINT_MARK} but not in the checkpoint", "PCC712")
+        elif file_sha256(path) != digest:
+            report("shards", file, f"SHA-256 differs from the one recorded at conversion ({CHECKPOINT_MARK}): "
+                                   "the shard changed afterwards", "PCC712")
+    return len(shards)
 
 
 def _input_scales(doc: dict, out, report) -> tuple[int, list[dict]]:

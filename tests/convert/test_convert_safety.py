@@ -69,8 +69,11 @@ def test_existing_destination_needs_force(moe, tmp_path, capsys):
     (dst / "keep").write_text("x")
     assert _convert(src, contract, dst) == 1
     assert "--force" in capsys.readouterr().err and (dst / "keep").exists()
-    assert _convert(src, contract, dst, "--force") == 0
-    assert not (dst / "keep").exists() and (dst / "config.json").exists()
+    (dst / "keep").unlink()
+    assert _convert(src, contract, dst) == 0  # empty: written
+    (dst / "config.json").write_text("{}")
+    assert _convert(src, contract, dst, "--force") == 0  # pcc's own output (pcc_convert.json): replaced
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]
 
 
 def test_truncated_shard_names_file_and_tensor(moe, tmp_path, capsys):
