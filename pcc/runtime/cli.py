@@ -77,7 +77,7 @@ def register(sub) -> None:
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (they need matplotlib)")
     s.add_argument("--inject-fault", metavar="KIND:VERSION:TENSOR",
                    help="fault injection: drop or corrupt one tensor of one version's transfer")
-    s.add_argument("--crash-at", type=bounded("steps"), metavar="STEP", help="fault injection: crash in STEP, after its rollout")
+    s.add_argument("--crash-at", type=bounded("crash_at"), metavar="STEP", help="fault injection: crash in STEP, after its rollout")
     s.set_defaults(fn=cmd_run, passthrough=[])
     s.epilog = "pcc run BUNDLE --target miles [--dry-run] -- ARGS...: ARGS go to the launcher (Miles' own flags)"
     _pass_through(s)

@@ -61,6 +61,8 @@ class RunConfig:
         """SettingError (PCC708) for the first setting out of range: a run never starts on a temperature of
         0 (a division by zero) or -1, a negative learning rate, or a batch beyond memory."""
         for name in RANGES:
+            if name == "crash_at" and self.crash_at is None:
+                continue
             why = in_range(name, getattr(self, name))
             if why is not None:
                 raise SettingError(f"{name}: {why}")

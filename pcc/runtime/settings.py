@@ -17,7 +17,8 @@ class SettingError(PccError, ValueError):
 MAX_ROWS = 16384  # prompts x group: the batch the embedded runtime holds in memory at once
 # name -> (low, high, low excluded): the ranges `pcc run` flags and RunConfig share (docs/runtime.md).
 RANGES = {"steps": (1, 1_000_000, False), "seed": (0, 2**32 - 1, False), "prompts": (1, 4096, False),
-          "group": (2, 256, False), "lr": (0.0, 1.0, True), "temperature": (0.01, 100.0, False)}
+          "group": (2, 256, False), "lr": (0.0, 1.0, True), "temperature": (0.01, 100.0, False),
+          "crash_at": (0, 1_000_000, False)}  # fault injection: crash in this step (None: never)
 
 
 def in_range(name: str, value) -> str | None:
