@@ -244,8 +244,8 @@ def sglang_state(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
         ref = next(r for r in kv.values() if r is not None)
         rep.error("PCC311", f"SGLang keeps one KV cache dtype, but the plan asks for {', '.join(sorted(kv))}",
                   smap.find(ref.path), path=ref.path, hint="give every layer's kv_cache the same scheme")
-    if plan.contract.trainable.kind != "lora":
-        return
+    if plan.contract.trainable.kind != "lora" or plan.contract.rollout.engine != "sglang":
+        return  # vLLM's MoE LoRA: pcc.lower.vllm (PCC624)
     fams = {ops[i].family for i in plan.trainable}
     experts = fams & {"experts.gate_up", "experts.down"}
     if not experts:
