@@ -228,6 +228,11 @@ def contract_file(arg: str | Path) -> Path:
     if st.st_size > MAX_CONTRACT:
         raise BundleError(f"{arg}: {st.st_size} bytes, larger than a contract ({MAX_CONTRACT >> 10} KiB)",
                           missing=True)
+    try:
+        with open(p, "rb"):  # a regular file: opening it cannot block
+            pass
+    except OSError as exc:
+        raise BundleError(f"{arg}: cannot read: {exc.strerror}", missing=True) from None
     return p
 
 
