@@ -235,3 +235,26 @@ def test_launch_script_refuses_a_missing_or_wrong_checkpoint(tmp_path):
 def test_quantization_file_is_the_checkpoint_config():
     plan = _plan(ROOT / "contracts" / "vllm" / "int4_qat_w4a16.prec")
     assert json.loads(lower(plan, "vllm").files[QUANT_FILE]) == quantization_config(plan)
+
+
+GOLDEN = ROOT / "tests" / "bundle" / "golden" / "vllm"
+
+
+@pytest.mark.parametrize("path", VLLM_CONTRACTS, ids=lambda p: p.stem)
+def test_vllm_rollout_files_match_golden(path):
+    """The vLLM target's bundle files (rollout/) for each variant, checked in and reviewed by eye.
+    Update after an intended change: PCC_UPDATE_GOLDEN=1 python -m pytest tests/lower/test_lower_vllm.py"""
+    from pcc.bundle import bundle_files
+
+    files, _ = bundle_files(_plan(path))
+    expected = {rel: text for rel, text in files.items() if rel.startswith("rollout/")}
+    folder = GOLDEN / path.stem
+    if os.environ.get("PCC_UPDATE_GOLDEN") == "1":
+        for old in folder.rglob("*"):
+            if old.is_file():
+                old.unlink()
+        for rel, text in expected.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_text(text, encoding="utf-8")
+    on_disk = {str(p.relative_to(folder)): p.read_text(encoding="utf-8") for p in folder.rglob("*") if p.is_file()}
+    assert on_disk == expected, "vLLM rollout files changed; see the docstring to update"
