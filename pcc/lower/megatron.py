@@ -185,7 +185,7 @@ def _accumulate_output(plan: Plan) -> None:
 
 @target("megatron", honours=("trainer.rules", "trainer.params", "trainer.master", "trainer.moments",
                              "trainer.grads", "trainer.param_gather", "trainer.impl", "trainer.optimizer",
-                             "trainer.parallel", "trainer.hardware"))
+                             "trainer.parallel.tp", "trainer.parallel.pp", "trainer.parallel.ep", "trainer.hardware"))
 def lower_megatron(plan: Plan) -> Lowered:
     t, cat = plan.contract.trainer, plan.catalog
     tab = tables()

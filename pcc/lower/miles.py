@@ -73,6 +73,9 @@ def miles_args(plan: Plan) -> tuple[str, list[str], list[str]]:
         else:
             notes.append("async with staleness 1: train_async.py overlaps one update")
     args += ["--rollout-num-gpus-per-engine", str(c.rollout.parallel.tp)]
+    if c.rollout.max_tokens:
+        args += ["--rollout-max-response-len", str(c.rollout.max_tokens)]
+        notes.append(f"--rollout-max-response-len {c.rollout.max_tokens}: the contract's rollout max_tokens")
     args += ["--update-weight-transfer-mode", TRANSFER[c.sync.transfer],
              "--update-weight-buffer-size", str(BUFFER_BYTES)]
     if c.sync.interval != 1:
@@ -108,6 +111,48 @@ def miles_args(plan: Plan) -> tuple[str, list[str], list[str]]:
         args.append("--check-weight-update-allow-quant-error")
         notes.append("rollout is quantized: the first-update check allows 1 ULP of the quantized dtype")
     return script, args, notes
+
+
+def placement(plan: Plan) -> tuple[list[str], list[str], list[Unsupported]]:
+    """Miles' GPU counts from the contract's `gpus` and `dp`: (flags, notes, PCC616 warnings for what
+    they cannot carry). Megatron derives its data-parallel size from the world it is given
+    (gpus / (tp x pp)), so the trainer's world is `gpus`, else tp x pp x dp; colocated, rollout runs on
+    the trainer's GPUs. Miles places the trainer as nodes x GPUs per node: the node size is the
+    trainer hardware's (targets/hardware.yaml gpus_per_node), else Miles' default 8."""
+    c = plan.contract
+    r, t = c.rollout.parallel, c.trainer.parallel
+    colocated = c.sync.schedule == "colocated"
+    args: list[str] = []
+    notes: list[str] = []
+    warn: list[Unsupported] = []
+    world = t.gpus or (r.gpus if colocated else None) or (t.tp * t.pp * t.dp if t.dp > 1 else None)
+    if t.gpus and t.dp > 1 and t.gpus != t.tp * t.pp * t.dp:
+        warn.append(Unsupported(
+            f"Megatron derives its data-parallel size from the GPUs it is given: {t.gpus} / (tp {t.tp} x pp "
+            f"{t.pp}) = {t.gpus / (t.tp * t.pp):g}, not the contract's dp {t.dp}", "PCC616", "trainer.parallel.dp",
+            f"write gpus {t.tp * t.pp * t.dp}, or drop dp"))
+    if world:
+        node = hardware_table().get(plan.hardware("trainer") or "", {}).get("gpus_per_node", 8)
+        if world <= node or world % node == 0:
+            nodes, per = (1, world) if world <= node else (world // node, node)
+            args += ["--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", str(per)]
+            notes.append(f"--actor-num-nodes {nodes} --actor-num-gpus-per-node {per}: the trainer's {world} GPUs "
+                         f"on nodes of {node} (targets/hardware.yaml gpus_per_node)")
+        else:
+            warn.append(Unsupported(
+                f"the trainer's {world} GPUs do not fill nodes of {node} GPUs: Miles places the trainer as nodes x "
+                "GPUs per node, and the launch sets neither", "PCC616",
+                "trainer.parallel.gpus" if t.gpus else "trainer.parallel.dp",
+                "use a multiple of the node size, or set --actor-num-nodes/--actor-num-gpus-per-node in the job"))
+    if r.gpus and not colocated:
+        args += ["--rollout-num-gpus", str(r.gpus)]
+        notes.append(f"--rollout-num-gpus {r.gpus}: the contract's rollout gpus")
+    elif r.gpus and r.gpus != world:
+        warn.append(Unsupported(
+            f"colocated, Miles runs rollout on the trainer's {world} GPUs and ignores --rollout-num-gpus; the "
+            f"contract's rollout gpus {r.gpus} cannot hold", "PCC616", "rollout.parallel.gpus",
+            f"write rollout gpus {world} (or drop it), or 'schedule async'"))
+    return args, notes, warn
 
 
 def lora_modules(plan: Plan) -> tuple[list[str], int]:
@@ -188,11 +233,15 @@ def _asked_by(key: str) -> str:
     return "trainer.rules" if flag.startswith("OPEN_TRAINING") else "sync"
 
 
-@target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel", "trainer.parallel"))
+@target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel.tp",
+                          "rollout.parallel.gpus", "trainer.parallel.gpus", "trainer.parallel.dp", "rollout.max_tokens"))
 def lower_miles(plan: Plan) -> Lowered:
     mega = lower(plan, "megatron")
     roll = lower(plan, "sglang")
     script, own, notes = miles_args(plan)
+    placed, placed_notes, placed_warn = placement(plan)
+    own += placed
+    notes += placed_notes
     sglang, dropped = _sglang_passthrough(roll.args)
     if dropped:
         notes.append(f"left to Miles, which sets them itself (targets/miles.yaml sglang_owned): {', '.join(dropped)}")
@@ -251,7 +300,7 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
 """
     files = {"miles/args.txt": "\n".join([script] + args) + "\n", "miles/runtime-env.json": runtime_env,
              MODEL_ARGS: model_text, "miles/launch.sh": launch}
-    caveats = []
+    caveats = list(placed_warn)
     c = plan.contract
     if c.sync.activation == "eager":
         caveats.append(Unsupported(

@@ -14,7 +14,7 @@ import shlex
 
 import yaml
 
-from pcc.lower import Lowered, module_leaf, target, unsupported
+from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.engine_support import check
 from pcc.plan import Plan
@@ -110,8 +110,9 @@ def _asked_by(plan: Plan, key: str) -> str:
         flag, "trainable" if "lora" in flag else "rollout")
 
 
-@target("sglang", honours=("rollout.rules", "rollout.parallel", "rollout.hardware", "rollout.deterministic",
-                            "rollout.record", "trainable", "routing_replay"))
+@target("sglang", honours=("rollout.rules", "rollout.parallel.tp", "rollout.parallel.ep", "rollout.parallel.pp",
+                            "rollout.parallel.dp", "rollout.hardware", "rollout.deterministic", "rollout.record",
+                            "trainable", "routing_replay"))
 def lower_sglang(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
     if c.rollout.engine != "sglang":
@@ -167,7 +168,13 @@ def lower_sglang(plan: Plan) -> Lowered:
     qcfg = quantization_config(plan)
     if qcfg is not None:
         files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
-    return Lowered("sglang", args=args, files=files, notes=notes)
+    caveats = []
+    if "versions" not in c.rollout.record:
+        caveats.append(Unsupported(
+            "SGLang tags every sample with the weight version that produced it (--weight-version, raised by each "
+            "sync), and the launch cannot turn that off: 'record' without 'versions' still records versions",
+            "PCC616", "rollout.record", "add 'versions' to 'record'"))
+    return Lowered("sglang", args=args, files=files, notes=notes, caveats=caveats)
 
 
 def launch_script(args: list[str], quant_method: str | None, lora: bool) -> str:

@@ -50,6 +50,7 @@ exec ray job submit --address "${RAY_ADDRESS:-http://127.0.0.1:8265}" \
   --fully-async \
   --max-weight-staleness 2 \
   --rollout-num-gpus-per-engine 8 \
+  --rollout-max-response-len 16384 \
   --update-weight-transfer-mode broadcast \
   --update-weight-buffer-size 536870912 \
   --use-tis \

@@ -51,6 +51,7 @@ exec ray job submit --address "${RAY_ADDRESS:-http://127.0.0.1:8265}" \
   --expert-tensor-parallel-size 1 \
   --colocate \
   --rollout-num-gpus-per-engine 4 \
+  --rollout-max-response-len 16384 \
   --update-weight-transfer-mode broadcast \
   --update-weight-buffer-size 536870912 \
   --use-rollout-routing-replay \

@@ -50,6 +50,7 @@ exec ray job submit --address "${RAY_ADDRESS:-http://127.0.0.1:8265}" \
   --expert-tensor-parallel-size 1 \
   --colocate \
   --rollout-num-gpus-per-engine 1 \
+  --rollout-max-response-len 256 \
   --update-weight-transfer-mode broadcast \
   --update-weight-buffer-size 536870912 \
   --use-rollout-routing-replay \
