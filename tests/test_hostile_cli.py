@@ -131,3 +131,18 @@ def test_allow_root_lets_extends_reach_a_shared_folder(d, tmp_path, capsys):
     finally:
         os.environ.clear()
         os.environ.update(env)
+
+
+def test_a_config_that_is_a_device_or_not_an_object_is_one_error(tmp_path):
+    from pcc.convert import ConvertError
+    from pcc.convert.contract import config_of
+
+    (tmp_path / "config.json").symlink_to("/dev/zero")
+    with pytest.raises(ConvertError, match="cannot read config.json .*not a regular file"):
+        config_of(tmp_path)
+    (tmp_path / "config.json").unlink()
+    for text, why in (("[1, 2]", "not a JSON object"), ('{"a": 1, "a": 2}', "duplicate key 'a'"),
+                      ('{"a": NaN}', "finite")):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ConvertError, match=why):
+            config_of(tmp_path)

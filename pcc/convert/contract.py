@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pcc.bundle import BundleError, contract_file
 from pcc.convert import ConvertError
+from pcc.lang.inputs import InputError, read_json
 from pcc.models import CatalogError, catalog_from_checkpoint, load_catalog
 from pcc.models.builtin import catalog_from_config
 
@@ -68,7 +68,11 @@ def _catalog_of(src):
 
 
 def config_of(directory: Path) -> dict:
+    """config.json through the bounded input layer (a regular file, strict JSON, a mapping)."""
     try:
-        return json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ConvertError(f"{directory}: cannot read config.json ({err})") from None
+        config = read_json(directory / "config.json", what="model config")
+    except InputError as err:
+        raise ConvertError(f"{directory}: cannot read config.json ({err.message})") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{directory / 'config.json'}: not a JSON object")
+    return config
