@@ -210,3 +210,20 @@ def test_fuzzed_bundles_are_refused_with_a_code_never_a_traceback(tmp_path):
             assert exc.code in ("PCC706", "PCC701"), exc
             mutations += 1
     assert mutations > 250  # almost every mutation is caught (a flip inside JSON whitespace may not matter)
+
+
+def test_a_full_disk_is_one_line_naming_the_path_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    plan = compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name == "plan.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(BundleError, match=r"cannot write the bundle \(.*plan\.json: No space left on device\)") as err:
+        write_bundle(plan, tmp_path / "b", targets=LIGHT)
+    assert err.value.code == "PCC709" and list(tmp_path.iterdir()) == []
