@@ -204,7 +204,7 @@ def allowed_roots(top: str) -> list[Path]:
     (what `pcc --allow-root DIR` adds)."""
     from pcc.resources import data_dir
 
-    roots = [Path(top).resolve().parent, Path.cwd().resolve()]
+    roots = [_real(top, Span(top, 1, 1)).parent, Path.cwd().resolve()]
     try:
         roots.append(data_dir("contracts").resolve())
     except FileNotFoundError:
@@ -216,7 +216,7 @@ def allowed_roots(top: str) -> list[Path]:
 def _parent(path: str, ref: str, span: Span, roots: list[Path]) -> str:
     """The file `extends ref` in `path` names: relative to `path`'s folder, a contract suffix, inside a root."""
     parent = str(Path(path).parent / ref)
-    real = Path(parent).resolve()
+    real = _real(parent, span)
     if not any(real.is_relative_to(r) for r in roots):
         raise DiagnosticError([Diagnostic(
             "PCC112", "error", f"extends {ref!r} resolves to {real}, outside the folders a contract may extend from",
@@ -228,6 +228,14 @@ def _parent(path: str, ref: str, span: Span, roots: list[Path]) -> str:
     if not real.exists():
         raise DiagnosticError([Diagnostic("PCC107", "error", f"extended contract not found: {parent}", span)])
     return parent
+
+
+def _real(path: str, span: Span) -> Path:
+    """`path` with every link followed; a link loop or a NUL byte is a PCC107, not a traceback."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise DiagnosticError([Diagnostic("PCC107", "error", f"cannot resolve {path!r}: {exc}", span)]) from None
 
 
 def _rebase_model(parent: dict[str, Any], parent_file: str, child_file: str) -> dict[str, Any]:
@@ -244,7 +252,7 @@ def _rebase_model(parent: dict[str, Any], parent_file: str, child_file: str) -> 
 
 def _resolve(path: str, rep: Reporter, sources: dict[str, str], stack: list[str],
              ref: Span | None, roots: list[Path]) -> tuple[dict[str, Any], SourceMap]:
-    real = str(Path(path).resolve())
+    real = str(_real(path, ref or Span(path, 1, 1)))
     if real in stack:
         cycle = " -> ".join(Path(p).name for p in stack[stack.index(real):] + [real])
         raise DiagnosticError([Diagnostic("PCC107", "error", f"cyclic extends: {cycle}", ref or Span(path, 1, 1))])

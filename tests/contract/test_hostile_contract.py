@@ -154,3 +154,13 @@ def test_a_parents_model_from_is_relative_to_the_parent(tmp_path, monkeypatch):
     assert c.ok, [d.render() for d in c.diagnostics]
     assert c.plan.catalog.num_layers == 3
     assert load(str(child)).contract.model.path == "../base/ckpt"
+
+
+def test_a_link_loop_or_a_nul_in_extends_is_a_positioned_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "l1.prec").symlink_to("l2.prec")
+    (tmp_path / "l2.prec").symlink_to("l1.prec")
+    assert _codes(_child(tmp_path, "l1.prec")) == [("PCC107", 1)]
+    nul = tmp_path / "nul.yaml"
+    nul.write_text(BASE + 'extends: "a\\0b.yaml"\n')
+    assert _codes(nul) == [("PCC107", 4)]
