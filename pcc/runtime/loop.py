@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_bytes
 
-from pcc.lang.inputs import InputError, read_json
+from pcc.lang.inputs import InputError, read_bytes, read_json
 
 from . import diagnostics as D
 from .checkpoint import save_tensors, write_json
@@ -33,6 +33,7 @@ from .task import ReverseTask
 from .trainer import Trainer
 from .warmstart import RECIPE, _Plain, digest, warm_start
 
+MAX_METRICS = 4 << 30  # metrics.jsonl read back on --resume: ~2 KB a step
 PHASES = ("activate", "rollout", "rescore", "train", "convert", "transfer", "checkpoint")
 
 
@@ -293,8 +294,12 @@ class Run:
         self.start = start
         self.history = []
         metrics = self.out / "metrics.jsonl"
-        if metrics.is_file():
-            for n, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), 1):
+        if metrics.exists():
+            try:
+                text = read_bytes(metrics, MAX_METRICS, "metrics file").decode("utf-8", errors="replace")
+            except InputError as exc:
+                raise RunDirError(f"{exc.message}; the run cannot be resumed") from None
+            for n, line in enumerate(text.splitlines(), 1):
                 try:
                     m = json.loads(line)
                     step = m["step"]
