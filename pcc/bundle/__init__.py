@@ -192,7 +192,11 @@ def read_bundle(path: str | Path) -> Bundle:
         if not rel or parts.is_absolute() or ".." in parts.parts or "\\" in rel or "\0" in rel:
             raise BundleError(f"{path / MANIFEST}: names {rel!r}, a path outside the bundle", "PCC706")
         f = path / rel
-        if not f.resolve().is_relative_to(root):
+        try:
+            inside = f.resolve().is_relative_to(root)
+        except (OSError, RuntimeError) as exc:  # a link loop
+            raise BundleError(f"{path}: {rel}: {exc}", "PCC706") from None
+        if not inside:
             raise BundleError(f"{path}: {rel} links outside the bundle", "PCC706")
         if not f.exists():
             raise BundleError(f"{path}: {rel} is missing", "PCC706")
