@@ -59,6 +59,9 @@ def cmd_validate(args, rep) -> int:
                           progress=sys.stderr.isatty() and not rep.json, plots=not args.no_plots)
     except FaultError as exc:
         raise rep.usage(str(exc)) from None
+    except OSError as exc:  # a full or read-only disk under --out: one line naming the path
+        where = exc.filename or out
+        return rep.fail(f"{where}: cannot write: {exc.strerror}", file=str(where), code="PCC709")
     rep.result = report
     for lv in report["levels"]:
         line = f"level {lv['level']} {lv['name']}: {lv['status']}"
