@@ -10,9 +10,7 @@ and the 128-wide variant where the contract's groups do not divide the first cho
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
-from pathlib import Path
 
 from pcc.bundle import BundleError, contract_file
 from pcc.contract.io import load

@@ -14,7 +14,6 @@ from pcc.diff import diff_plans
 from pcc.diff.engines import flags
 from pcc.lower import Lowered
 from pcc.plan import compile_file
-from pcc.plan.dump import plan_json
 
 PAIRS = Path(__file__).resolve().parent / "pairs"
 A, REORDERED, KV = (str(PAIRS / n) for n in ("tiny_a.prec", "tiny_reordered.yaml", "tiny_attn_kv.prec"))
