@@ -124,3 +124,25 @@ def test_the_file_is_what_the_script_generates(tmp_path):
     subprocess.run([sys.executable, str(TOOL), "-o", str(out)], check=True, capture_output=True, timeout=300)
     assert out.read_text(encoding="utf-8") == FILE.read_text(encoding="utf-8"), \
         "targets/miles_flags.json differs from what tools/miles_flags.py generates: rerun it and review the diff"
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("path", MILES_CONTRACTS, ids=lambda p: p.stem)
+def test_sglang_pass_through_values_are_what_sglang_parser_takes(path):
+    """Miles registers --sglang-<field> with SGLang's own definition of --<field>: each value a launch
+    passes is parsed by that definition (type and choices) of the SGLang pcc targets."""
+    vs = pytest.importorskip("pcc.lower.verify_sglang")
+    try:
+        _, parser = vs._server_args()
+    except vs.EngineMissing as exc:
+        pytest.skip(str(exc))
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    prefix = DATA["sglang_prefix"]
+    for flag, values in groups(launch_args(path)):
+        if not flag.startswith(prefix):
+            continue
+        action = actions["--" + flag[len(prefix):]]
+        for v in values:
+            value = action.type(v) if callable(action.type) else v
+            assert action.choices is None or value in action.choices, (flag, v, action.choices)
+        assert (action.nargs == 0) == (not values), (flag, values)
