@@ -20,7 +20,7 @@ copy of the repository (`git archive`, nothing is fetched):
 
 Each flag: "from" (megatron or miles), "nargs" (0 for a switch, 1 for one value, "?", "+", "*",
 or a count), "type" (int, float, str, or the converter's name), "choices" (a list, "dynamic" or
-null). Usage (defaults: the mirrors under /work/.mirror and the commits below):
+null), and "required": true for a flag the parser requires. Usage (defaults: the mirrors under /work/.mirror and the commits below):
 
     python tools/miles_flags.py [--miles GIT_DIR] [--miles-commit C] [--megatron GIT_DIR]
                                 [--megatron-commit C] [-o targets/miles_flags.json]
@@ -100,7 +100,7 @@ def dump_megatron(tree: str) -> dict:
         for opt in act.option_strings:
             if opt.startswith("--"):
                 out[opt] = {"from": "megatron", "nargs": _nargs(name, act.nargs), "type": typename,
-                            "choices": choices}
+                            "choices": choices, **({"required": True} if act.required else {})}
     return out
 
 
@@ -163,6 +163,8 @@ def miles_calls(text: str) -> tuple[dict, list[str], list[str]]:
             choices = None
         nargs = _value(kw["nargs"], consts) if "nargs" in kw else None
         entry = {"from": "miles", "nargs": _nargs(action_name, nargs), "type": typename, "choices": choices}
+        if "required" in kw and _value(kw["required"], consts) is True:
+            entry["required"] = True
         long = [o for o in opts if o.startswith("--")]
         if action_name == "BooleanOptionalAction":
             long += ["--no-" + o[2:] for o in long]

@@ -7,6 +7,9 @@ produces from the pinned commits, so a change in either parser shows up as a fai
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -146,3 +149,72 @@ def test_sglang_pass_through_values_are_what_sglang_parser_takes(path):
             value = action.type(v) if callable(action.type) else v
             assert action.choices is None or value in action.choices, (flag, v, action.choices)
         assert (action.nargs == 0) == (not values), (flag, values)
+
+
+def miles_parser(sglang_parser) -> argparse.ArgumentParser:
+    """A parser with Miles' flag definitions (targets/miles_flags.json) and its --sglang-<field> flags
+    (SGLang's own definitions, less the fields Miles skips): Miles' parse_args as far as arity, types,
+    choices and required flags go."""
+    p = argparse.ArgumentParser(prog="miles", add_help=False, allow_abbrev=False)
+    for flag, d in DATA["flags"].items():
+        kw: dict = {"dest": flag, "required": d.get("required", False)}
+        conv = CONVERT.get(d["type"], str)
+        if d["nargs"] == 0:
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = conv
+            if d["nargs"] != 1:
+                kw["nargs"] = d["nargs"]
+            if isinstance(d["choices"], list):
+                kw["choices"] = [conv(c) for c in d["choices"]]
+        p.add_argument(flag, **kw)
+    prefix, skipped = DATA["sglang_prefix"], set(DATA["sglang_skipped"])
+    for act in sglang_parser._actions:
+        for opt in act.option_strings:
+            if opt.startswith("--") and act.dest not in skipped and opt not in ("--help",):
+                kw = {"dest": "sglang_" + opt[2:]}
+                if act.nargs == 0:
+                    kw["action"] = "store_true"
+                else:
+                    kw.update(nargs=act.nargs, type=act.type, choices=act.choices)
+                p.add_argument(prefix + opt[2:], **kw)
+    return p
+
+
+def _parse(parser, args: list[str]) -> str:
+    """'' when the parser takes `args`, else its error."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(args)
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1]
+    return ""
+
+
+JOB = ["--rollout-batch-size", "32", "--n-samples-per-prompt", "8", "--global-batch-size", "256",
+       "--rollout-max-response-len", "1024", "--prompt-data", "data.jsonl"]
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("path", MILES_CONTRACTS, ids=lambda p: p.stem)
+def test_the_launch_with_a_job_is_a_command_miles_parser_takes(path):
+    """What miles/launch.sh passes Miles (model_args.txt and args.txt read as it reads them, the
+    checkpoints, a job file): refused without the job's --rollout-batch-size, taken with it."""
+    vs = pytest.importorskip("pcc.lower.verify_sglang")
+    try:
+        _, sglang_parser = vs._server_args()
+    except vs.EngineMissing as exc:
+        pytest.skip(str(exc))
+    from pcc.bundle.launch import words
+    from pcc.lower.miles import MODEL_ARGS
+
+    plan = compile_file(str(path)).plan
+    m = lower(plan, "miles")
+    launch = (words(m.files[MODEL_ARGS]) + m.files["miles/args.txt"].split("\n")[1:-1]
+              + ["--hf-checkpoint", "ckpt", "--ref-load", "ref"])
+    if "--custom-tis-function-path" in m.files["miles/launch.sh"]:
+        launch += ["--custom-tis-function-path", "tis.py"]
+    parser = miles_parser(sglang_parser)
+    assert "--rollout-batch-size" in _parse(parser, launch)
+    assert _parse(parser, launch + JOB) == ""
