@@ -23,7 +23,9 @@ import sys
 import types
 from pathlib import Path
 
-TE_VERSION = "2.20.2"
+from pcc.lower.engine_support import targeted
+
+TE_VERSION = targeted("transformer_engine")  # targets/engines.yaml; requirements/megatron.txt installs it
 TE_DIR_ENV = "PCC_TE_DIR"  # folder holding transformer_engine/ (pip --target); default below
 HINT = "install with the lines in requirements/megatron.txt"
 
