@@ -1,11 +1,22 @@
-"""Block-FP8 conversion throughput of `pcc convert` on a ~2 GB BF16 checkpoint, beside the I/O
-floor (plain safetensors read + write of the same shards) and a straightforward tensor-by-tensor
-converter, all measured in this run. Each method runs in its own process so its peak RSS is its own.
+"""Block-FP8 conversion of a generated ~2 GB BF16 checkpoint: `pcc convert` beside the I/O floor and the
+converters a user would pick instead, interleaved, on the machine as it is.
+
+    python bench/convert.py [--rounds 3] [--busy]   # generates the checkpoint once under $TMPDIR, then reuses it
+    python bench/convert.py --calibration          # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
+
+Methods, each run in its own process (so its peak RSS is its own), all writing durably (every output
+file fsynced before the clock stops):
+- floor: safetensors `load_file` + `save_file` of every shard, unchanged (plain read + write);
+- straightforward: one shard at a time, the whole-tensor block-FP8 quantizer of bench/quantize.py;
+- pcc: `pcc.convert.run.convert` (fp8_block, embed and lm_head kept BF16);
+- llm-compressor: `model_free_ptq(scheme="FP8_BLOCK", ignore=["lm_head"])` on the CPU, when the python
+  given by --llmcompressor-python (default: this one) can import it (`pip install -e .[bench]`); it
+  does not fsync, so the bench fsyncs its files and counts that.
+Each round runs every method once, in an order that alternates each round; each method keeps its
+best round. Cores and load average are printed before and after. `--busy` runs a CPU-bound process
+beside it all.
 `--calibration`: the cost of NVFP4 input-scale calibration (docs/convert.md "Input scales"), each
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
-
-    python bench/convert.py                  # generates the checkpoint once under $TMPDIR, then reuses it
-    python bench/convert.py --calibration    # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
 """
 
 from __future__ import annotations
@@ -94,20 +105,34 @@ def generate(src: Path = SRC, config: dict = CONFIG) -> None:
     (ROOT / "bench.prec").write_text(CONTRACT)
 
 
+def _fsync_tree(root: Path) -> None:
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            with f.open("rb") as h:
+                os.fsync(h.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def floor(dst: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     dst.mkdir()
     for f in sorted(SRC.glob("*.safetensors")):
         save_file(load_file(str(f)), str(dst / f.name))
+    _fsync_tree(dst)
 
 
 def straightforward(dst: Path) -> None:
-    """One tensor at a time, no overlap: read, quantize (pcc.numerics), collect, write per shard."""
+    """One shard at a time, no overlap: read it, quantize each linear weight whole, write it."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from pcc.numerics import quantize
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from quantize import straightforward_fp8_block
 
     dst.mkdir()
     for f in sorted(SRC.glob("*.safetensors")):
@@ -116,11 +141,11 @@ def straightforward(dst: Path) -> None:
             for name in h.keys():
                 t = h.get_tensor(name)
                 if t.dim() == 2 and "embed" not in name and "lm_head" not in name:
-                    q = quantize(t, "fp8_block", name=name)
-                    out[name], out[name[:-7] + ".weight_scale_inv"] = q.codes, q.scales
+                    out[name], out[name[:-7] + ".weight_scale_inv"] = straightforward_fp8_block(t)
                 else:
                     out[name] = t
         save_file(out, str(dst / f.name))
+    _fsync_tree(dst)
 
 
 def pcc_convert(dst: Path) -> None:
@@ -129,11 +154,28 @@ def pcc_convert(dst: Path) -> None:
     convert(str(ROOT / "bench.prec"), str(SRC), str(dst))
 
 
+def llmcompressor(dst: Path) -> None:
+    import logging
+
+    from llmcompressor import model_free_ptq
+    from loguru import logger
+
+    logger.remove()  # its per-file log lines would drown the table
+    logging.disable(logging.WARNING)
+    model_free_ptq(str(SRC), str(dst), scheme="FP8_BLOCK", ignore=["lm_head"], device="cpu")
+    _fsync_tree(dst)
+
+
+METHODS = {"floor": floor, "straightforward": straightforward, "pcc": pcc_convert, "llm-compressor": llmcompressor}
+LABELS = {"floor": "safetensors read+write", "straightforward": "straightforward fp8",
+          "pcc": "pcc convert (fp8_block)", "llm-compressor": "llm-compressor model_free_ptq"}
+
+
 def child(method: str) -> None:
     dst = ROOT / f"out-{method}"
     shutil.rmtree(dst, ignore_errors=True)
     t0 = time.perf_counter()
-    {"floor": floor, "straightforward": straightforward, "pcc": pcc_convert}[method](dst)
+    METHODS[method](dst)
     secs = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     shutil.rmtree(dst, ignore_errors=True)
@@ -183,6 +225,46 @@ def calibration() -> None:
     print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
+def machine() -> str:
+    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), load average "
+            + " ".join(f"{x:.2f}" for x in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
+
+
+def _has_llmcompressor(python: str) -> bool:
+    probe = subprocess.run([python, "-c", "import llmcompressor.entrypoints.model_free"], capture_output=True)
+    return probe.returncode == 0
+
+
+def compare(rounds: int, llmc_python: str) -> None:
+    # Generated in a child too: a child's peak RSS starts at its parent's RSS when it was forked,
+    # so this process must not grow (generating here would add ~1.4 GB to every method's figure).
+    subprocess.run([sys.executable, __file__, "--generate"], check=True)
+    size = sum(f.stat().st_size for f in SRC.glob("*.safetensors"))
+    methods = {m: sys.executable for m in ("floor", "straightforward", "pcc")}
+    if _has_llmcompressor(llmc_python):
+        methods["llm-compressor"] = llmc_python
+    else:
+        print(f"llm-compressor: not importable by {llmc_python} (pip install -e .[bench]); left out")
+    print(f"checkpoint {SRC}: {size / 1e9:.2f} GB BF16; {machine()}")
+    print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process")
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    names = list(methods)
+    for r in range(rounds):
+        for m in (names if r % 2 == 0 else names[::-1]):
+            out = subprocess.run([methods[m], __file__, "--child", m], capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"{m} failed:\n{out.stderr[-3000:]}")
+            runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    best = {m: {"seconds": min(r["seconds"] for r in rs), "peak_rss": max(r["peak_rss"] for r in rs),
+                "all": [round(r["seconds"], 2) for r in rs]} for m, rs in runs.items()}
+    print(f"{'method':<31}{'GB/s of input':>14}{'seconds':>9}{'x floor':>9}{'peak RSS':>11}  every round (s); RSS: the largest")
+    for m in names:
+        r = best[m]
+        print(f"{LABELS[m]:<31}{size / r['seconds'] / 1e9:>14.2f}{r['seconds']:>9.2f}"
+              f"{r['seconds'] / best['floor']['seconds']:>9.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}")
+    print("after: " + machine())
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child(sys.argv[2])
@@ -199,19 +281,23 @@ def main() -> None:
     if sys.argv[1:] == ["--calibration"]:
         calibration()
         return
-    # Generated in a child too: a child's peak RSS starts at its parent's RSS when it was forked,
-    # so this process must not grow (generating here would add ~1.4 GB to every method's figure).
-    subprocess.run([sys.executable, __file__, "--generate"], check=True)
-    size = sum(f.stat().st_size for f in SRC.glob("*.safetensors"))
-    print(f"checkpoint {SRC}: {size / 1e9:.2f} GB BF16; {os.cpu_count()} cores, load average "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
-    print(f"{'method':<28}{'GB/s of input':>14}{'seconds':>10}{'peak RSS':>12}")
-    for method, label in (("floor", "safetensors read+write"), ("straightforward", "straightforward fp8"),
-                          ("pcc", "pcc convert (fp8_block)")):
-        out = subprocess.run([sys.executable, __file__, "--child", method], capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{label:<28}{size / r['seconds'] / 1e9:>14.2f}{r['seconds']:>10.2f}{r['peak_rss'] / 2**20:>9.0f} MiB")
-    print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--busy", action="store_true", help="run a CPU-bound process beside the bench")
+    ap.add_argument("--llmcompressor-python", default=sys.executable,
+                    help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
+    args = ap.parse_args()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        if busy:
+            print("beside one CPU-bound process (--busy)")
+        compare(args.rounds, args.llmcompressor_python)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
 
 
 if __name__ == "__main__":

@@ -32,16 +32,22 @@ class Source:
     _handles: dict = field(default_factory=dict)
     _view: object = None
 
-    def load(self, name: str):
+    def load(self, name: str, into=None):
         """One tensor as stored, read from its checked safetensors header's offsets with a plain pread
-        into a fresh buffer: no pickle, and no mmap whose touched pages would pile up in RSS."""
-        return self._read(name)
+        into a fresh buffer, or into the front of uint8 tensor `into` (a buffer the caller recycles): no
+        pickle, and no mmap whose touched pages would pile up in RSS."""
+        return self._read(name, into=into)
 
     def load_index(self, name: str, j: int):
         """`tensor[j]` of a stored tensor (one expert of a fused [E, ...] tensor), reading only its bytes."""
         return self._read(name, j)
 
-    def _read(self, name: str, index: int | None = None):
+    def load_piece(self, name: str, first: int, count: int, into=None):
+        """Elements [first, first + count) of a stored tensor, flat (the converter copies large tensors
+        in pieces, so memory does not grow with the largest tensor)."""
+        return self._read(name, into=into, piece=(first, count))
+
+    def _read(self, name: str, index: int | None = None, into=None, piece: tuple[int, int] | None = None):
         import torch
 
         file = self.where.get(name)
@@ -64,10 +70,16 @@ class Source:
                 raise ConvertError(f"{self.root / file}: {name} {shape} has no index {index}")
             row = (end - begin) // shape[0]
             begin, end, shape = begin + index * row, begin + (index + 1) * row, shape[1:]
+        if piece is not None:
+            item = ITEM_BYTES[entry["dtype"]]
+            first, count = piece
+            if not 0 <= first <= first + count <= (end - begin) // item:
+                raise ConvertError(f"{self.root / file}: {name} {shape} has no elements [{first}, {first + count})")
+            begin, end, shape = begin + first * item, begin + (first + count) * item, [count]
         fd = self._handles.get(file)
         if fd is None:
             fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
-        buf = torch.empty(end - begin, dtype=torch.uint8)
+        buf = torch.empty(end - begin, dtype=torch.uint8) if into is None else into[: end - begin]
         view, done, base = memoryview(buf.numpy()), 0, self.data_start[file] + begin
         while done < end - begin:
             got = os.preadv(fd, [view[done:]], base + done)
@@ -95,12 +107,17 @@ class Source:
     def has(self, name: str) -> bool:
         return name in self.view.encodings or name in self.where
 
-    def read(self, name: str):
-        """What the converter transforms: an `Encoded` for a quantized weight, else the stored tensor."""
+    def stored(self, name: str) -> bool:
+        """Is `name` read as stored (not a quantized weight's logical tensor)?"""
+        return name not in self.view.encodings
+
+    def read(self, name: str, into=None):
+        """What the converter transforms: an `Encoded` for a quantized weight, else the stored tensor
+        (in `into`, when given: see `load`)."""
         from pcc.convert.quantized import read
 
         enc = self.view.encodings.get(name)
-        return self.load(name) if enc is None else read(self, enc)
+        return self.load(name, into) if enc is None else read(self, enc)
 
     def weight(self, name: str):
         """A weight's value: a quantized one dequantized to float32, any other as stored."""
