@@ -323,5 +323,7 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
             "empty and `pcc compile --verify` checks the trainer flags with stand-in dimensions", "PCC613", "model",
             "give the architecture in the Miles job file (docs/miles.md)"))
     caveats += _hardware_support(plan, mega)
+    notes.append("engine versions targeted (targets/engines.yaml): " + "; ".join(
+        f"{e} {targeted(e)}" for e in ("miles", "megatron", "transformer_engine", "sglang")))
     return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
                    caveats=caveats)
