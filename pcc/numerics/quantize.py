@@ -327,8 +327,8 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.T
             factor = scales
         op = torch.div  # SGLang's kernels and public converters compute x / scale
 
-    def fn(xc, f):
-        y = op(xc, f)  # float32: f is float32 and x no wider
+    def fn(xc, f, own=False):
+        y = op(xc, f, out=xc) if own else op(xc, f)  # float32: f is float32 and x no wider
         if scheme.rounding == "stochastic":
             y = fm.stochastic_round(y, elem, generator)
         return fm.encode_e2m1(y) if elem is fm.E2M1 else y.clamp_(-elem.max, elem.max)
@@ -350,8 +350,10 @@ def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generat
         scales = _fp32_scale(hi - lo, qmax - qmin)
         zp = torch.round(qmin - lo / scales).clamp(qmin, qmax)
 
-    def fn(xc, s, z):
-        y = xc / s if scheme.symmetric else xc / s + z  # z is 0: adding it only turns -0.0 into +0.0
+    def fn(xc, s, z, own=False):
+        y = torch.div(xc, s, out=xc) if own else xc / s
+        if not scheme.symmetric:  # (z is 0 when symmetric: adding it would only turn -0.0 into +0.0)
+            y = y.add_(z)
         if scheme.rounding == "stochastic":
             y = torch.floor(y + torch.rand(y.shape, generator=generator, device=y.device))
         else:
@@ -362,11 +364,21 @@ def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generat
     return scales, zero_point, (scales, zp), fn, torch.int8
 
 
-def _stats(xs: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Float32 chunk [r, nbc, C] -> per row and run max|x| (or max and min when `signed`)."""
+# Magnitude bits of 16-bit floats: for x >= 0 their order as integers is their order as values
+# (subnormals, inf and NaN above inf included), so max|x| is an integer max of (bits & mask).
+_MAGNITUDE = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF)}
+
+
+def _stats(xc: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunk [r, nbc, C] as stored -> per row and run max|x| (or max and min when `signed`), float32.
+    BF16/FP16 magnitudes are compared as integers: half the bytes of a float32 abs, and exact."""
     if signed:
+        xs = xc.float()
         return xs.amax(-1), xs.amin(-1)
-    return xs.abs().amax(-1), None
+    if xc.dtype in _MAGNITUDE:
+        as_int, mask = _MAGNITUDE[xc.dtype]
+        return (xc.view(as_int) & mask).amax(-1).view(xc.dtype).float(), None
+    return xc.float().abs().amax(-1), None
 
 
 def _over_rows(t: torch.Tensor, r: int, reduce: Callable) -> torch.Tensor:
@@ -395,6 +407,7 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     signed = is_int and not scheme.symmetric
     stochastic = scheme.rounding == "stochastic"
     wide = x.dtype == torch.float64  # divided in float64, as x / scale promotes; stats in float32
+    narrow = x.dtype in (torch.bfloat16, torch.float16)  # its float32 copy is ours to overwrite
     b, nbr, nbc = geo.grid
     rows_per_batch = geo.rows
 
@@ -411,7 +424,7 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
         found: list = [None] * len(parts)
 
         def scan(k):
-            hi, lo = _stats(geo.blocked(x2[parts[k]].float()), signed)
+            hi, lo = _stats(geo.blocked(x2[parts[k]]), signed)
             found[k] = (hi.amax(), lo.amin() if signed else None)
 
         run_chunks(scan, range(len(parts)))
@@ -437,7 +450,7 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
 
         def encode_rows(sl):
             xc = geo.blocked(x2[sl] if wide else x2[sl].float())
-            res = fn(xc, *factors).reshape(xc.shape[0], -1)[:, : geo.cols]
+            res = fn(xc, *factors, own=narrow).reshape(xc.shape[0], -1)[:, : geo.cols]
             codes[sl] = post(res) if post else res
 
         run_chunks(encode_rows, geo.row_slices(x2.shape[0]), ordered=stochastic)
@@ -455,8 +468,8 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
         def encode_blocks(item):
             i, j0, sl = item
             rows = slice(i * rows_per_batch + sl.start, i * rows_per_batch + sl.stop)
-            xs = geo.blocked(x2[rows].float())
-            hi, lo = _stats(xs, signed)
+            raw = geo.blocked(x2[rows])
+            hi, lo = _stats(raw, signed)
             blocks = slice(i * nbr + j0, i * nbr + j0 + math.ceil((sl.stop - sl.start) / r))
             a_hi = _over_rows(hi, r, torch.amax) if r > 1 else hi
             a_lo = (_over_rows(lo, r, torch.amin) if r > 1 else lo) if signed else -a_hi
@@ -469,9 +482,9 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
             scales[blocks] = s
             if signed:
                 zp[blocks] = z
-            n = xs.shape[0]
+            n = raw.shape[0]
             factors = [(t.repeat_interleave(r, 0)[:n] if r > 1 else t).unsqueeze(-1) for t in per_block]
-            res = fn(geo.blocked(x2[rows]) if wide else xs, *factors).reshape(n, -1)[:, : geo.cols]
+            res = fn(raw if wide else raw.float(), *factors, own=narrow).reshape(n, -1)[:, : geo.cols]
             codes[rows] = post(res) if post else res
 
         run_chunks(encode_blocks, work, ordered=stochastic)

@@ -316,3 +316,35 @@ def test_chunks_run_on_workers_with_one_intra_op_thread(small_chunks):
     assert len(seen) == 8 and torch.get_num_threads() == before
     with pytest.raises(ZeroDivisionError):  # a worker's error reaches the caller
         qm.run_chunks(lambda k: 1 / (k - 3), range(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_inputs_amax_by_magnitude_bits(dtype):
+    # block amax of BF16/FP16 inputs is taken on their magnitude bits: subnormals, -0.0, the largest
+    # finite value and negative values must give the same scales and codes as numpy on the float32 values
+    fi = torch.finfo(dtype)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(256, 384, generator=g) * 3).to(dtype)
+    x[0:128, 0:128] = torch.tensor(fi.smallest_normal / 4, dtype=dtype)  # a subnormal block
+    x[0:128, 128:256] = -0.0
+    x[5, 130] = -fi.tiny  # the only nonzero of its block, negative
+    x[200, 300] = -fi.max
+    q = quantize(x, "fp8_block")
+    xb = _blocks(x.float().numpy(), 128, 128)
+    amax = np.abs(xb).max(axis=(1, 3))
+    # docs/numerics.md: s = amax / 448, at least the smallest normal float32; an all-zero block 1.0
+    s = np.maximum((amax / np.float32(448)).astype(np.float32), np.finfo(np.float32).tiny)
+    s[amax == 0] = 1.0
+    assert np.array_equal(q.scales.numpy(), s)
+    assert np.array_equal(q.codes.view(torch.uint8).numpy(), _e4m3(xb / s[:, None, :, None]).reshape(256, 384))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), -float("nan"), float("inf"), -float("inf")])
+def test_16_bit_nonfinite_found_by_magnitude_bits(dtype, bad):
+    x = torch.randn(256, 256).to(dtype)
+    x[130, 70] = bad
+    with pytest.raises(ValueError, match=r"w: NaN or inf in scale block \(1, 0\)"):
+        quantize(x, "fp8_block", name="w")
+    with pytest.raises(ValueError, match=r"w: NaN or inf in scale block \(130, 2\)"):
+        quantize(x, "mxfp8", name="w")
