@@ -22,3 +22,11 @@ pip install --quiet --no-deps --target "$(python -c 'import sys; print(sys.prefi
 vllm_dir="$(python -c 'import sys; print(sys.prefix)')/engines/vllm"
 pip install --quiet --no-deps --target "$vllm_dir" --upgrade -r requirements/vllm.txt
 rm -f "$vllm_dir"/vllm/_C*.abi3.so
+# verl 0.9.1's Hydra configs and config classes, in a side folder that pcc.lower.verify_verl puts
+# behind pcc's own packages; the parts of Ray that `import ray` never loads go (its cluster
+# binaries, jars, dashboard and libraries). See requirements/verl.txt. Measured: 109 MB installed.
+verl_dir="$(python -c 'import sys; print(sys.prefix)')/engines/verl"
+pip install --quiet --no-deps --target "$verl_dir" --upgrade -r requirements/verl.txt
+rm -rf "$verl_dir"/ray/core/src/ray/gcs "$verl_dir"/ray/core/src/ray/raylet "$verl_dir"/ray/jars \
+  "$verl_dir"/ray/rllib "$verl_dir"/ray/dashboard "$verl_dir"/ray/serve "$verl_dir"/ray/data \
+  "$verl_dir"/ray/tune "$verl_dir"/ray/train "$verl_dir"/ray/llm

@@ -75,6 +75,7 @@ TARGET_MODULES = {
     "converter": "pcc.lower.converter",
     "expectations": "pcc.lower.expectations",
     "miles": "pcc.lower.miles",
+    "verl": "pcc.lower.verl",  # a framework picked at run time, never in targets_for
 }
 _TARGETS: dict[str, Target] = {}
 

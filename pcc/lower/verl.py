@@ -1,0 +1,256 @@
+"""Plan -> a verl job: Hydra overrides for `python -m verl.trainer.main_ppo` and a launch script.
+
+verl is a framework, like Miles, picked when a bundle is run (`pcc run BUNDLE --target verl`),
+so it is not among the targets a contract names (`targets_for`); `lower(plan, "verl")` and
+`lower_all(plan, rep, ("verl",))` give its job or its diagnostics. The tables live in
+targets/verl.yaml; tests/lower/test_lower_verl.py composes the overrides with verl's own Hydra
+configs and builds verl's config classes from them. verl's rollout does not load pcc's
+converted checkpoint: it syncs the actor's BF16 weights and quantizes them online with one fixed
+FP8 config, so a contract's rollout precision is honoured only where it is exactly that.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+
+import yaml
+
+from pcc.lower import Lowered, lower, module_leaf, target, unsupported
+from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
+from pcc.plan import Plan
+from pcc.resources import data_dir
+
+OVERRIDES_FILE = "verl/overrides.txt"
+LAUNCH = "verl/launch.sh"
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+@functools.lru_cache(maxsize=1)
+def tables() -> dict:
+    return yaml.safe_load((data_dir("targets") / "verl.yaml").read_text(encoding="utf-8"))
+
+
+def _value(v) -> str:
+    """A Hydra override value: booleans and null as YAML writes them, lists in brackets, every string
+    quoted (Hydra reads a bare `0.5_2.0` as the float 0.52 and `1` as an int; Ray's env_vars take strings)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    text = str(v)
+    if "'" in text or "\\" in text:
+        unsupported("PCC625", f"value {text!r} cannot be written as a Hydra override", None)
+    return f"'{text}'"
+
+
+def _groups(args: list[str]) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for a in args:
+        if a.startswith("--"):
+            out.append((a, []))
+        else:
+            out[-1][1].append(a)
+    return out
+
+
+def _megatron(plan: Plan, over: dict, env: dict, notes: list[str]) -> None:
+    """The megatron target's arguments, moved to where verl's Megatron engine takes them."""
+    mega, table = lower(plan, "megatron"), tables()["megatron_args"]
+    for flag, values in _groups(mega.args):
+        where = table.get(flag)
+        if where is None:
+            unsupported("PCC625", f"verl's Megatron engine has no setting pcc maps the contract's Megatron argument "
+                        f"{flag} to (targets/verl.yaml megatron_args)", _trainer_path(plan, flag),
+                        hint="run the contract on Miles ('pcc run --target miles')")
+        value = values[0] if values else True
+        if "fixed" in where:
+            if value != where["fixed"]:
+                unsupported("PCC625", f"verl runs {flag} {where['fixed']}; the contract asks for "
+                            f"{flag} {' '.join(values)}", _trainer_path(plan, flag))
+            continue
+        value = int(value) if isinstance(value, str) and value.isdigit() else value
+        if "transformer" in where:
+            over[f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}"] = value
+        else:
+            over[f"{ACTOR}.megatron.{where['engine']}"] = value
+    if "--use-distributed-optimizer" not in mega.args:  # verl's McoreEngineConfig defaults it on
+        over[f"{ACTOR}.megatron.use_distributed_optimizer"] = False
+    for name, value in sorted(mega.env.items()):
+        env[name] = value
+    notes.append("trainer: the megatron target's arguments as verl's McoreEngineConfig keys and TransformerConfig "
+                 "overrides (actor.megatron.override_transformer_config); its environment through Ray's runtime_env")
+
+
+def _trainer_path(plan: Plan, flag: str) -> str:
+    return "trainer.rules" if flag.startswith(("--fp8", "--fp4", "--te-")) else "trainer"
+
+
+def _fsdp(plan: Plan) -> None:
+    """verl's FSDP actor trains in BF16: a quantized trainer GEMM has no verl setting pcc knows."""
+    for comp in ("fprop", "dgrad", "wgrad"):
+        for d, _ in plan.used(comp):
+            if not d.scheme.wide:
+                unsupported("PCC625", f"verl's FSDP actor runs {comp} in BF16; the contract asks for "
+                            f"{d.scheme.format}", d.path, hint="use 'trainer megatron' for a low-precision trainer")
+
+
+def _rollout(plan: Plan, over: dict, notes: list[str]) -> None:
+    c, tab = plan.contract, tables()
+    par = c.rollout.parallel
+    if par.pp > 1:
+        unsupported("PCC625", "verl's vLLM and SGLang rollouts have no pipeline parallelism "
+                    "(RolloutConfig raises for pipeline_model_parallel_size > 1)", "rollout.parallel")
+    roll = lower(plan, c.rollout.engine)  # the engine's own refusals (KV cache dtype, ep, LoRA) come first
+    over[f"{ROLLOUT}.name"] = c.rollout.engine
+    over[f"{ROLLOUT}.tensor_model_parallel_size"] = par.tp
+    over[f"{ROLLOUT}.data_parallel_size"] = par.dp
+    over[f"{ROLLOUT}.expert_parallel_size"] = par.ep
+    over[f"{ROLLOUT}.quantization"] = _online_quantization(plan)
+    kv = roll.args[roll.args.index("--kv-cache-dtype") + 1]
+    if kv != "auto":
+        over[f"+{ROLLOUT}.engine_kwargs.{c.rollout.engine}.kv_cache_dtype"] = kv
+        notes.append(f"rollout.engine_kwargs.{c.rollout.engine}.kv_cache_dtype {kv}: verl passes engine_kwargs to "
+                     "the rollout server; scales start at 1.0 (verl syncs no KV scales)")
+    over[f"{ROLLOUT}.calculate_log_probs"] = "logprobs" in c.rollout.record
+    if c.rollout.deterministic:
+        over[f"{ROLLOUT}.full_determinism"] = True
+    if c.rollout.max_tokens:
+        over[f"{ROLLOUT}.response_length"] = c.rollout.max_tokens
+
+
+def _online_quantization(plan: Plan) -> str | None:
+    """verl's `rollout.quantization`: None when rollout is wide, "fp8" when the contract's rollout is
+    exactly verl's online block FP8, else PCC626."""
+    layout, fp8 = rollout_layout(plan), tables()["online_fp8"]
+    if layout == "wide":
+        return None
+    path = next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide), "rollout")
+    spec = rollout_scheme(plan)
+    if plan.contract.rollout.engine != "vllm":
+        unsupported("PCC626", "verl quantizes an SGLang rollout with the exclusions of the model's own "
+                    "quantization_config; pcc lowers verl's online FP8 for its vLLM rollout only", path,
+                    hint="use 'rollout vllm', or a BF16 rollout")
+    if layout != "fp8_block" or [spec.weights.rows, spec.weights.cols] != fp8["block"] or spec.scale != fp8["scale"]:
+        unsupported("PCC626", f"verl's rollout quantizes online to block FP8 {fp8['block'][0]}x{fp8['block'][1]} "
+                    f"with FP32 scales only (rollout.quantization fp8); the contract's rollout is {layout}"
+                    + (f" with {spec.scale} scales" if spec is not None and layout == "fp8_block" else ""), path,
+                    hint="use fp8_block (128x128, FP32 scales) for rollout weights, or run on Miles")
+    routers = {op.tensor.removesuffix(".weight") for op in plan.catalog.operators if op.family == "router"}
+    verl_skips = {r for r in routers if r.endswith("." + fp8["ignored_leaf"])}
+    wide = set(skip_list(plan)) - set(fp8["never_quantized"])
+    if wide != verl_skips:
+        diff = sorted(wide ^ verl_skips)
+        unsupported("PCC626", f"verl's online FP8 keeps exactly the routers (mlp.gate) BF16, but the contract's "
+                    f"rollout differs on {len(diff)} module(s) ({', '.join(diff[:3])}...)", path,
+                    hint="quantize every linear module but embed, lm_head and router")
+    return fp8["value"]
+
+
+def _correction(plan: Plan, over: dict, notes: list[str]) -> None:
+    """algorithm.rollout_correction: verl's TIS (truncate at the upper bound) and IcePop (zero the
+    weights outside [lower, upper]), matching pcc's definitions (pcc/runtime/objective.py)."""
+    corr, key = plan.contract.correction, "algorithm.rollout_correction"
+    if corr.kind == "none":
+        return
+    hi = corr.clip if corr.clip is not None else (corr.threshold or 2.0)
+    if corr.kind == "tis":
+        if corr.low is not None:
+            unsupported("PCC628", "verl's TIS truncates the importance weight from above only; 'low' has no "
+                        "verl setting", "correction", hint="drop 'low', or use 'correction mis'")
+        threshold = f"{hi:g}"
+    else:
+        lo = corr.low if corr.low is not None else 0.0
+        if corr.kind == "rejection":
+            hi = corr.threshold or hi
+            lo = 1.0 / hi
+        if lo <= 0:
+            unsupported("PCC628", f"verl's IcePop keeps weights inside [lower, upper] with a positive lower bound; "
+                        f"correction {corr.kind} without 'low' drops only weights above {hi:g}", "correction",
+                        hint=f"write 'low' (e.g. low {1 / hi:g})")
+        threshold = f"{lo:g}_{hi:g}"
+    over[f"{key}.rollout_is"] = corr.level
+    over[f"{key}.rollout_is_threshold"] = threshold
+    notes.append(f"correction {corr.kind}: rollout_is {corr.level}, threshold {threshold} "
+                 f"({'TIS' if corr.kind == 'tis' else 'IcePop: weights outside [lower, upper] are zeroed'})")
+
+
+def _lora(plan: Plan, over: dict) -> None:
+    c, tab, ops = plan.contract, tables(), plan.catalog.operators
+    t = c.trainable
+    if c.trainer.engine == "fsdp":
+        over["actor_rollout_ref.model.lora_rank"] = t.rank
+        over["actor_rollout_ref.model.lora_alpha"] = t.alpha
+        over["actor_rollout_ref.model.target_modules"] = sorted({module_leaf(ops[i].tensor) for i in plan.trainable})
+        return
+    families = {ops[i].family for i in plan.trainable}
+    names = set()
+    for fam in sorted(families):
+        if fam not in tab["megatron_lora_modules"]:
+            unsupported("PCC627", f"verl's Megatron LoRA has no target for {fam}", "trainable.targets")
+        names.add(tab["megatron_lora_modules"][fam])
+    for name in sorted(names):
+        partners = [f for f in tab["megatron_lora_fused"].get(name, ()) if any(op.family == f for op in ops)]
+        missing = sorted(set(partners) - families)
+        if missing:
+            unsupported("PCC627", f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
+                        f"{', '.join(missing)}, which the contract leaves frozen", "trainable.targets",
+                        hint=f"add {', '.join(missing)} to the targets")
+    over["actor_rollout_ref.model.lora.rank"] = t.rank
+    over["actor_rollout_ref.model.lora.alpha"] = t.alpha
+    over["actor_rollout_ref.model.lora.target_modules"] = sorted(names)
+
+
+@target("verl", honours=("trainer", "rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
+                          "rollout.max_tokens", "correction", "routing_replay", "trainable", "sync"))
+def lower_verl(plan: Plan) -> Lowered:
+    c, tab = plan.contract, tables()
+    if c.trainer.engine not in tab["config_name"]:
+        unsupported("PCC625", f"verl has no '{c.trainer.engine}' actor strategy", "trainer")
+    if c.sync.schedule != "colocated" or c.sync.bridge != "bf16":
+        unsupported("PCC629", "verl's main_ppo runs the colocated schedule and syncs BF16 weights (its rollout "
+                    f"quantizes them); the contract asks for schedule {c.sync.schedule}, bridge {c.sync.bridge}",
+                    "sync", hint="write 'schedule colocated bridge bf16' (verl's fully-async trainer is another entry point)")
+    over: dict = {}
+    env: dict[str, str] = {}
+    notes: list[str] = [f"--config-name {tab['config_name'][c.trainer.engine]}: verl's actor strategy "
+                        f"{c.trainer.engine}"]
+    if c.trainer.engine == "megatron":
+        _megatron(plan, over, env, notes)
+    else:
+        _fsdp(plan)
+    _rollout(plan, over, notes)
+    if c.routing_replay != "none":
+        if c.trainer.engine != "megatron":
+            unsupported("PCC625", "verl replays routes in its Megatron engine only (actor.megatron.router_replay)",
+                        "routing_replay")
+        over[f"{ACTOR}.megatron.router_replay.mode"] = c.routing_replay.upper()
+        if c.routing_replay == "r3":
+            over[f"{ROLLOUT}.enable_rollout_routing_replay"] = True
+    _correction(plan, over, notes)
+    if c.trainable.kind == "lora":
+        _lora(plan, over)
+    args = [f"{k}={_value(v)}" for k, v in over.items()]
+    args += [f"{tab['env_key']}.{k}={_value(v)}" for k, v in sorted(env.items())]
+    config = tab["config_name"][c.trainer.engine]
+    files = {OVERRIDES_FILE: "".join(a + "\n" for a in args), LAUNCH: launch_script(config, args)}
+    return Lowered("verl", args=args, env=env, files=files, notes=notes)
+
+
+def launch_script(config: str, args: list[str]) -> str:
+    """`python -m verl.trainer.main_ppo --config-name CONFIG OVERRIDES "$@"`: the job's data, model path
+    and batch sizes come after, as Hydra overrides; PCC_DRY_RUN=1 prints the command instead."""
+    q = shlex.quote
+    body = " \\\n  ".join(q(a) for a in args)
+    return ("#!/usr/bin/env bash\n"
+            "# Generated by pcc: the verl job for this contract. Append the job's own Hydra overrides\n"
+            "# (data.*, actor_rollout_ref.model.path, batch sizes, trainer.*) as arguments.\n"
+            "set -euo pipefail\n"
+            f"cmd=(python3 -m {tables()['entry']} --config-name {q(config)} \\\n  {body})\n"
+            'if [ "${PCC_DRY_RUN:-0}" = 1 ]; then printf \'%q \' "${cmd[@]}" "$@"; echo; exit 0; fi\n'
+            'exec "${cmd[@]}" "$@"\n')
