@@ -84,6 +84,15 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _forget_pool() -> None:
+    """A forked child has none of its parent's threads: it starts its own pool when it needs one."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def run_chunks(fn: Callable, items: Iterable, ordered: bool = False) -> None:
     """fn(item) for every item; on the chunk workers unless there is one item, the caller is a
     worker itself, or `ordered` (in order, in the caller). Every call has finished when this

@@ -348,3 +348,19 @@ def test_16_bit_nonfinite_found_by_magnitude_bits(dtype, bad):
         quantize(x, "fp8_block", name="w")
     with pytest.raises(ValueError, match=r"w: NaN or inf in scale block \(130, 2\)"):
         quantize(x, "mxfp8", name="w")
+
+
+def test_a_forked_child_quantizes_with_its_own_workers(small_chunks):
+    """The parent's chunk workers do not exist in a forked child: it must not wait on them."""
+    import multiprocessing
+
+    x = torch.randn(64, 256)
+    want = quantize(x, "mxfp8").codes.view(torch.uint8)  # starts the parent's pool
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_codes_in_child, (x,)).get(timeout=60)
+    assert torch.equal(torch.from_numpy(got), want)
+
+
+def _codes_in_child(x):
+    return quantize(x, "mxfp8").codes.view(torch.uint8).numpy()
