@@ -101,7 +101,7 @@ def _fsdp(plan: Plan) -> None:
 
 
 def _rollout(plan: Plan, over: dict, notes: list[str]) -> None:
-    c, tab = plan.contract, tables()
+    c = plan.contract
     par = c.rollout.parallel
     if par.pp > 1:
         unsupported("PCC625", "verl's vLLM and SGLang rollouts have no pipeline parallelism "
@@ -254,3 +254,45 @@ def launch_script(config: str, args: list[str]) -> str:
             f"cmd=(python3 -m {tables()['entry']} --config-name {q(config)} \\\n  {body})\n"
             'if [ "${PCC_DRY_RUN:-0}" = 1 ]; then printf \'%q \' "${cmd[@]}" "$@"; echo; exit 0; fi\n'
             'exec "${cmd[@]}" "$@"\n')
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pcc.lower.verl CONTRACT OUT`: write the verl job (verl/overrides.txt, verl/launch.sh)
+    under OUT, or print why verl cannot run the contract (exit 1). Until `pcc run --target verl`
+    is wired, this is the way to a verl job."""
+    import argparse
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from pcc.lang.diagnostics import Reporter
+    from pcc.lower import compile_file, lower_all
+
+    p = argparse.ArgumentParser(prog="python -m pcc.lower.verl", description=main.__doc__)
+    p.add_argument("contract")
+    p.add_argument("out")
+    a = p.parse_args(argv)
+    c = compile_file(a.contract)
+    rep = Reporter()
+    if c.ok:
+        lower_all(c.plan, rep, ("verl",))
+    diags = [d for d in c.diagnostics + rep.diagnostics if d.is_error]
+    if diags or not c.ok:
+        for d in diags:
+            print(d.render(), file=sys.stderr)
+        return 1
+    for rel, text in lower(c.plan, "verl").files.items():
+        dest = Path(a.out) / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".pcc-")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
+        os.replace(tmp, dest)
+        print(dest)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
