@@ -159,10 +159,13 @@ def lower_vllm(plan: Plan) -> Lowered:
     args = ["--dtype", "bfloat16"]
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
     if layout != "wide":
-        args += ["--quantization", tab["quantization"][layout]]
-        notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}; vLLM refuses a "
-                     "checkpoint whose quantization_config resolves to another method (ModelConfig's "
-                     "quantization check), and the launch script refuses one that names none")
+        method = tab["quantization"][layout]
+        args += ["--quantization", method]
+        guard = ("vLLM lets the checkpoint's own method override the flag" if method in tab["override_methods"]
+                 else "vLLM refuses a checkpoint whose quantization_config names another method")
+        notes.append(f"--quantization {method}: rollout weights are {layout}; {guard} (ModelConfig._verify_quantization"
+                     "), so the launch script also refuses a checkpoint whose config.json does not name "
+                     f"{tab['checkpoint_quant_method'][layout]}")
     kv = _kv_cache_dtype(plan)
     args += ["--kv-cache-dtype", kv]
     if kv != "auto":

@@ -258,3 +258,17 @@ def test_vllm_rollout_files_match_golden(path):
             (folder / rel).write_text(text, encoding="utf-8")
     on_disk = {str(p.relative_to(folder)): p.read_text(encoding="utf-8") for p in folder.rglob("*") if p.is_file()}
     assert on_disk == expected, "vLLM rollout files changed; see the docstring to update"
+
+
+@pytest.mark.engines
+def test_override_methods_are_vllms(vllm_checked):
+    """targets/vllm.yaml override_methods: with the flag naming another method, vLLM keeps the
+    checkpoint's for these (modelopt NVFP4 under --quantization fp8 resolves to modelopt_fp4)."""
+    from pcc.lower import verify_vllm
+
+    nvfp4 = quantization_config(vllm_checked["plans"]["qwen38_nvfp4_lora"])
+    fp8 = quantization_config(vllm_checked["plans"]["unified_fp8"])
+    out = verify_vllm.run_batch(quant=[{"config": nvfp4, "flag": "fp8", "model_type": "qwen3_moe"},
+                                       {"config": fp8, "flag": "compressed-tensors", "model_type": "qwen3_moe"}])
+    assert out["quant"][0]["method"] == "modelopt_fp4" and "modelopt_fp4" in tables()["override_methods"]
+    assert "does not match" in out["quant"][1]["error"] and "fp8" not in tables()["override_methods"]
