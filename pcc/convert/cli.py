@@ -113,7 +113,8 @@ def register(subparsers) -> None:
     s.add_argument("--to", dest="out", help=argparse.SUPPRESS)
     s.set_defaults(required_out=True)
     s.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
-    s.add_argument("--force", action="store_true", help="replace an existing destination")
+    s.add_argument("--force", action="store_true", help="replace an existing destination, if it is pcc's own "
+                   "output (a rollout checkpoint, or an exported adapter); anything else is refused")
     s.add_argument("--max-shard-size", metavar="SIZE", help="largest output shard (default 5GB)")
     s.add_argument("--adapter", metavar="SRC", help="export a trainer-side LoRA adapter to PEFT layout instead")
     s.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None,
