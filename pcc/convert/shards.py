@@ -88,6 +88,7 @@ def complete(root: Path, shard: Shard, job: str) -> bool:
 
 # Bytes written between two background flushes of the shard being written.
 FLUSH_BYTES = 64 << 20
+_DATASYNC = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class _Flusher:
@@ -107,7 +108,7 @@ class _Flusher:
         self._since += nbytes
         if self._since >= FLUSH_BYTES and (self._pending is None or self._pending.done()):
             self.wait()
-            self._pending = self._pool.submit(os.fdatasync, fd)
+            self._pending = self._pool.submit(_DATASYNC, fd)
             self._since = 0
 
     def wait(self) -> None:

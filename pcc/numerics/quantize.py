@@ -90,7 +90,8 @@ def _forget_pool() -> None:
     _POOL, _POOL_LOCK = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_pool)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def run_chunks(fn: Callable, items: Iterable, ordered: bool = False) -> None:
