@@ -71,7 +71,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         raise
     (work / RECORDS).mkdir(parents=True, exist_ok=True)
 
-    items, order = _items(doc, src, scales.values)
+    items, order = _items(plan, doc, src, scales.values)
     shards = plan_shards(order, max_shard_bytes)
     job = _job_id(doc, src, max_shard_bytes, scales.identity())
     done = {s.file for s in shards if resume and complete(work, s, job)}
@@ -97,10 +97,14 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             "input_gb_per_s": round(in_bytes / secs / 1e9, 3) if secs else None} | scales.summary()
 
 
-def _items(doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
+def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
     """Work items in plan order, and every target (name, dtype, shape) in write order.
     A fused target is written once its last part has been computed. A source `input_scale` the plan
-    also lists as an operator's target is written there (carried over), not copied a second time."""
+    also lists as an operator's target is written there (carried over), not copied a second time.
+    `copy`: written as stored, in pieces; `rows`: quantized in row pieces of a multiple of this many
+    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows)."""
+    from pcc.layout.tensors import piece_rows
+
     items, order, seen = [], [], {}
     for k, e in enumerate(doc["tensors"]):
         if not src.has(e["source"]):
@@ -117,13 +121,17 @@ def _items(doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list
                     continue
             item["emits"].append(name)
             order.append((name, ST_DTYPES[t["dtype"]], t["shape"]))
+        stored = src.stored(e["source"]) and src.entries[e["source"]]["dtype"] in _WIDE_SOURCE
+        item["rows"] = (piece_rows(plan, plan.index[e["source"]]) if stored and not item["copy"] and "fuse" not in e
+                        and src.nbytes(e["source"]) > PIECE_BYTES else None)
         items.append(item)
     for e in doc["copied"]:
         name = e["source"]
         if name in input_scales:
             continue
         entry = src.entries[name]
-        items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True})
+        items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True,
+                      "rows": None})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
 
@@ -148,6 +156,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     import torch
 
     from pcc.layout.tensors import place_fused
+    from pcc.lower.converter import tensor_targets
 
     loaded: queue.Queue = queue.Queue(maxsize=2)
     out: queue.Queue = queue.Queue(maxsize=4)
@@ -177,6 +186,19 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                         if stop.is_set():
                             return
                         put(loaded, (it, (first, src.load_piece(name, first, n, into=buf), first + n >= count), buf))
+                    continue
+                if it["rows"]:  # quantized in row pieces of about PIECE_BYTES
+                    nrows, *rest = src.entries[name]["shape"]
+                    width = math.prod(rest)
+                    row_bytes = width * ST_BYTES[src.entries[name]["dtype"]]
+                    step = max(1, PIECE_BYTES // row_bytes // it["rows"]) * it["rows"]
+                    for r0 in range(0, nrows, step):
+                        n = min(step, nrows - r0)
+                        buf = buffers.take(n * row_bytes)
+                        if stop.is_set():
+                            return
+                        rows = src.load_piece(name, r0 * width, n * width, into=buf).reshape(n, *rest)
+                        put(loaded, (it, (r0, rows, r0 + n >= nrows), buf))
                     continue
                 if src.stored(name):
                     buf = buffers.take(src.nbytes(name))
@@ -217,6 +239,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     for t in threads:
         t.start()
     fused: dict[str, torch.Tensor] = {}
+    row_parts: dict[str, list] = {}  # a weight quantized in row pieces: its scales (and zero points) so far
     try:
         while not stop.is_set():
             try:  # a timeout, so a reader that failed (and set `stop`) never leaves us waiting
@@ -234,6 +257,23 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     put(out, (name, piece, piece.numel() * piece.element_size(), buf, final))
                 else:
                     buffers.give(buf)
+                continue
+            if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
+                r0, rows, final = tensor
+                got = _rows_piece(plan, src, it, r0, rows)
+                buffers.give(buf)
+                names = list(got)
+                if writer.wanted(names[0]):
+                    put(out, (names[0], got[names[0]], rows.numel() * rows.element_size(), None, final))
+                for n in names[1:]:
+                    row_parts.setdefault(n, []).append(got[n])
+                if final:
+                    whole = tensor_targets(plan, plan.index[it["source"]])["targets"]
+                    for n in names[1:]:
+                        parts = row_parts.pop(n)
+                        t = parts[-1] if list(parts[-1].shape) == list(whole[n]["shape"]) else torch.cat(parts)
+                        if writer.wanted(n):
+                            put(out, (n, t, 0, None, True))
                 continue
             nread = _src_bytes(src, it["source"])
             pieces = [(n, t) for n, t in _compute(plan, src, it, tensor, fused, place_fused, input_scales)
@@ -294,6 +334,17 @@ class _Buffers:
         with self._cv:
             self._free.append(buf)
             self._cv.notify()
+
+
+def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
+    """Rollout tensors of rows [r0, r0 + len(rows)) of a weight (pcc.layout.tensors.rollout_tensors)."""
+    from pcc.layout.tensors import rollout_tensors
+
+    file = src.file_of(it["source"])
+    try:
+        return rollout_tensors(plan, plan.index[it["source"]], rows, rows=slice(r0, r0 + rows.shape[0]))
+    except ValueError as err:
+        raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + rows.shape[0]})") from None
 
 
 def _shares(t, buf) -> bool:

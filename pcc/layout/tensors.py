@@ -6,6 +6,8 @@ hold byte-identical rollout weights.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pcc.lower.converter import tensor_targets
@@ -19,23 +21,45 @@ from pcc.plan import Plan
 NVFP4_INPUT_SCALE = 1.0
 
 
-def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+def piece_rows(plan: Plan, op_index: int) -> int | None:
+    """Rows per piece in which operator `op_index`'s rollout tensors can be computed a piece at a
+    time (`rollout_tensors(..., rows=)`), or None where a scale needs the whole tensor (tensor
+    scaling, NVFP4's outer scale, MXFP4's fused experts, wide operators). A piece is whole scale
+    blocks and whole groups of 8 rows (INT4 zero points are packed 8 rows to a word)."""
+    layout = tensor_targets(plan, op_index)["layout"]
+    grouping = plan.scheme("rollout", op_index).grouping_of("weight")
+    if layout not in ("fp8_block", "mxfp8", "int4") or grouping.kind not in ("block", "group", "row"):
+        return None
+    return math.lcm(grouping.rows if grouping.kind == "block" else 1, 8)
+
+
+def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor,
+                    rows: slice | None = None) -> dict[str, torch.Tensor]:
     """Checkpoint name -> tensor for operator `op_index` with source weight `tensor`.
 
     Wide operators come back unchanged (bit for bit). For MXFP4 routed experts (fused gpt-oss
     layout) the values are this expert's rows of the fused tensors: place them with `place_fused`.
+    `rows` (a multiple of `piece_rows` long, unless it ends the weight): `tensor` is those rows of
+    the weight, and every result but INT4's `weight_shape` is the matching rows of the whole
+    result's, so the concatenated pieces are the same bytes.
     Raises ValueError naming the tensor for NaN/inf.
     """
     entry = tensor_targets(plan, op_index)
     layout, names = entry["layout"], list(entry["targets"])
     op = plan.catalog.operators[op_index]
-    if tuple(tensor.shape) != tuple(op.shape):
-        raise ValueError(f"{op.tensor}: shape {list(tensor.shape)}, the plan expects {list(op.shape)}")
+    want = tuple(op.shape) if rows is None else (rows.stop - rows.start,) + tuple(op.shape[1:])
+    if tuple(tensor.shape) != want:
+        raise ValueError(f"{op.tensor}: shape {list(tensor.shape)}, the plan expects {list(want)}")
+    if rows is not None:
+        step = piece_rows(plan, op_index)
+        if step is None or rows.start % step or (rows.stop % step and rows.stop != op.shape[0]):
+            raise ValueError(f"{op.tensor}: rows {rows.start}..{rows.stop} are not whole pieces of its {layout} layout")
     if layout == "wide":
         return {names[0]: tensor}
     q = quantize(tensor, plan.scheme("rollout", op_index), role="weight", name=op.tensor)
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
-        return {names[0]: q.codes, names[1]: q.scales.reshape(entry["targets"][names[1]]["shape"])}
+        shape = entry["targets"][names[1]]["shape"]
+        return {names[0]: q.codes, names[1]: q.scales.reshape(shape if rows is None else (-1, *shape[1:]))}
     if layout == "nvfp4":
         codes = q.codes if q.scheme.packing else pack_e2m1x2(q.codes)
         return {names[0]: codes, names[1]: q.scales,

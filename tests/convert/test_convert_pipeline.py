@@ -62,3 +62,42 @@ def test_nan_in_a_later_piece_names_the_element(moe, tmp_path, capsys, monkeypat
     assert _convert(src, contract, tmp_path / "dst") == 1
     err = capsys.readouterr().err
     assert name in err and "NaN or inf (first at flat element 5000)" in err
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "int4"])
+def test_weights_quantized_in_row_pieces_give_the_same_bytes(fmt, tmp_path, monkeypatch):
+    """A weight larger than PIECE_BYTES is quantized a piece of whole scale blocks at a time
+    (pcc.layout.tensors.rollout_tensors(rows=)); the checkpoint is the same bytes as in one go."""
+    src = tmp_path / "src"
+    if fmt == "int4":
+        make_checkpoint(src, "tiny_dense")
+    else:  # rows not a multiple of 128: fp8_block's last piece of gate/up is a partial block row
+        make_checkpoint(src, "tiny_moe", hidden_size=384, moe_intermediate_size=320, num_attention_heads=12)
+    contract = write_contract(tmp_path, fmt)
+    ref = tmp_path / "ref"
+    assert _convert(src, contract, ref) == 0
+    monkeypatch.setattr(run, "PIECE_BYTES", 8192)  # every linear weight of the tiny models: several pieces
+    pieces = []
+    real = run._rows_piece
+    monkeypatch.setattr(run, "_rows_piece", lambda *a: pieces.append(a[3]) or real(*a))
+    dst = tmp_path / "dst"
+    assert _convert(src, contract, dst) == 0
+    assert len(pieces) > 10 and any(r0 > 0 for r0 in pieces)
+    assert _tensors(dst) == _tensors(ref)
+    assert main(["verify-checkpoint", str(contract), str(dst), "--source", str(src), "--full"]) == 0
+
+
+def test_a_piece_that_is_not_whole_blocks_is_refused():
+    from pcc.layout.tensors import piece_rows, rollout_tensors
+    from pcc.lower import compile_file
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        plan = compile_file(str(write_contract(Path(d), "fp8_block"))).plan
+    i = next(k for k, op in enumerate(plan.catalog.operators) if op.tensor.endswith("q_proj.weight"))
+    assert piece_rows(plan, i) == 128
+    n, k = plan.catalog.operators[i].shape
+    with pytest.raises(ValueError, match="not whole pieces"):
+        rollout_tensors(plan, i, torch.zeros(8, k, dtype=torch.bfloat16), rows=slice(8, 16))
