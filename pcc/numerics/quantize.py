@@ -145,12 +145,6 @@ class Geometry:
             xc = F.pad(xc, (0, pad))
         return xc.reshape(xc.shape[0], nbc, c)
 
-    def chunks(self, x2: torch.Tensor, pre: Callable | None = None):
-        """Yield (row slice, rows of x2 as [r, nbc, C]); `pre` first widens stored rows."""
-        for sl in self.row_slices(x2.shape[0]):
-            xc = x2[sl]
-            yield sl, self.blocked(pre(xc) if pre is not None else xc)
-
     def map_rows(self, x2: torch.Tensor, out: torch.Tensor, fn: Callable, *per_row: torch.Tensor,
                  pre: Callable | None = None, post: Callable | None = None) -> torch.Tensor:
         """out[rows] = post(crop(fn(chunk, per-row chunks))) for every row chunk of x2 (on the chunk workers)."""
