@@ -31,7 +31,8 @@ def check_destination(dst: Path, force: bool, own: Callable[[Path], bool], what:
     if not dst.exists() and not dst.is_symlink():
         return
     if dst.is_symlink() or not dst.is_dir():
-        raise ConvertError(f"{dst}: exists and is not a directory; the output is a directory: choose another "
+        what = "a link" if dst.is_symlink() else "not a directory"
+        raise ConvertError(f"{dst}: exists and is {what}; the output is a directory of its own: choose another "
                            "destination", code="PCC711")
     if not any(dst.iterdir()):
         return
