@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
 from pathlib import Path
 
@@ -29,6 +32,30 @@ class RunDirError(PccError):
     """A run directory pcc will not write or resume; the message names the file and what to do (PCC707)."""
 
     code = "PCC707"
+
+
+@contextlib.contextmanager
+def writer_lock(out: Path):
+    """An exclusive lock for the writer of `out`: `.NAME.pcc-lock` beside it (never inside a folder the run
+    may yet refuse), held by flock for the whole run; a second writer is refused at once (PCC707)."""
+    lock = out.parent / f".{out.name}.pcc-lock"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise RunDirError(f"{lock}: cannot write: {exc.strerror}", "PCC709") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise RunDirError(f"{out}: another pcc run (pid {holder or '?'}) is writing it now; wait for it or "
+                              "choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the empty-of-meaning file stays (removing it would race a waiter)
 
 
 def identity(plan_lock: str, model_override: str | None, cfg) -> dict:

@@ -11,7 +11,7 @@ from .checkpoint import save_model, save_tensors, write_json
 from .contract import ContractError
 from .loop import InjectedCrash, Run, RunConfig
 from .report import render, summarize
-from .rundir import identity, prepare
+from .rundir import identity, prepare, writer_lock
 from .settings import SettingError
 from .sync import SyncError
 
@@ -62,8 +62,14 @@ def execute(compiled, cfg: RunConfig, out: Path, resume: bool = False, plots: bo
     set_threads()
     out = Path(out)
     ident = identity(_lock(compiled.plan), compiled.model_override, cfg)
-    prepare(out, ident, resume, force)
-    out.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out):  # a second `pcc run` into the same directory is refused while this one runs
+        prepare(out, ident, resume, force)
+        out.mkdir(parents=True, exist_ok=True)
+        return _execute(compiled, cfg, out, ident, resume, plots, progress)
+
+
+def _execute(compiled, cfg: RunConfig, out: Path, ident: dict, resume: bool, plots: bool,
+             progress: bool | None) -> dict:
     t0 = time.perf_counter()
     run = Run(compiled.plan, cfg, out, resume=resume)
     write_json(out / "run.json", {"contract": compiled.path, "model_override": compiled.model_override,

@@ -164,3 +164,14 @@ def test_pcc_threads_out_of_range(monkeypatch, value):
         set_threads()
     monkeypatch.setenv("PCC_THREADS", "1")
     set_threads()
+
+
+def test_a_second_writer_is_refused_while_the_first_runs(compiled, tmp_path):
+    from pcc.runtime.rundir import writer_lock
+
+    out = tmp_path / "r"
+    with writer_lock(out):  # the first `pcc run` (its lock, as another process would hold it)
+        with pytest.raises(RunDirError, match=r"another pcc run \(pid \d+\) is writing it now"):
+            _run(compiled, out)
+    assert not out.exists()
+    _run(compiled, out)  # the lock is gone with its holder
