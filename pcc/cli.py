@@ -307,7 +307,8 @@ def _default_schema_dir() -> str:
 
 # Commands that live beside their stage: each module has `register(subparsers)`, and
 # imports nothing heavy (torch, engines) at module level, so `pcc check` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli")
+COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli",
+                                   "pcc.importer.cli")
 
 
 class _Parser(argparse.ArgumentParser):

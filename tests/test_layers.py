@@ -33,6 +33,7 @@ STAGES = [
     "convert",    # rollout checkpoints (uses the runtime model for NVFP4 calibration)
     "validate",   # the ladder, on the runtime and converted checkpoints
     "diff",       # semantic contract diff
+    "importer",   # pcc import: contracts from checkpoint configs and Miles launches
     "cli",        # the `pcc` command
 ]
 RANK = {name: i for i, name in enumerate(STAGES)}

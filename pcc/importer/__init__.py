@@ -1,0 +1,94 @@
+"""`pcc import`: a contract from the precision configuration a team already has.
+
+    imported = import_source("checkpoint", "Qwen3-30B-A3B-FP8/", model=None)
+    imported.text()         # canonical .prec (pcc.contract.fmt), checked to resolve as the source decides
+    imported.diagnostics    # PCC801-PCC809 (docs/checks.md)
+
+Kinds: `checkpoint` (a checkpoint's own quantization config: HF block FP8, compressed-tensors,
+ModelOpt, gpt-oss MXFP4; checkpoint.py) and `miles` (a Miles launch: a script, an argument file
+or a pcc bundle; miles.py). Each source's own matching rules are reproduced (matching.py), the
+result is written as pcc rules + exceptions (rules.py), and everything the source says that pcc
+states differently, or cannot state, is a coded warning. docs/import.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pcc.lang.diagnostics import Diagnostic, PccError
+
+KINDS = ("checkpoint", "miles")
+
+
+class ImportFailed(PccError):
+    """The source cannot be imported (unreadable, or a setting pcc cannot state); PCC801 unless
+    the raise names another code."""
+
+    code = "PCC801"
+
+    def __init__(self, message: str, code: str | None = None, path: str | None = None, hint: str | None = None,
+                 file: str | None = None):
+        super().__init__(message, code, path, hint)
+        self.file = file
+
+    def to_diagnostic(self) -> Diagnostic:
+        return Diagnostic(self.code, "error", self.message, None, self.hint, self.path, self.file)
+
+
+@dataclass
+class Imported:
+    """An imported contract (the builder's dict form) and what the import has to say about it."""
+
+    contract: dict
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    source: str = ""
+    decided: object = None  # checkpoint imports: what the source decides per operator (checkpoint.Decided)
+
+    def warn(self, code: str, message: str, path: str | None = None, hint: str | None = None,
+             file: str | None = None) -> None:
+        self.diagnostics.append(Diagnostic(code, "warning", message, None, hint, path, file or self.source))
+
+    def text(self) -> str:
+        """The canonical .prec text (the formatter's own layout, so `pcc fmt --check` passes)."""
+        from pcc.contract.fmt import format_source, lines
+
+        raw = "\n".join(text for _, text in lines(self.contract)) + "\n"
+        return format_source(raw, "<import>")
+
+
+def contract_name(source: str) -> str:
+    """A contract name from the source's file or directory name."""
+    p = Path(source)
+    stem = p.name if p.is_dir() else p.stem
+    if stem in ("config", "hf_quant_config", "quantization_config", "launch", "args", "miles", ""):
+        stem = p.resolve().parent.name if not p.is_dir() else stem
+    slug = re.sub(r"[^A-Za-z0-9_\-]+", "-", stem).strip("-") or "imported"
+    return slug if re.match(r"[A-Za-z_]", slug) else f"imported-{slug}"
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ImportFailed(f"{path}: no such file ({what})", file=str(path)) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ImportFailed(f"{path}: unreadable {what} ({exc})", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ImportFailed(f"{path}: {what} is not a JSON object", file=str(path))
+    return data
+
+
+def import_source(kind: str, source: str, model: str | None = None, hardware: str | None = None) -> Imported:
+    """Import `source` of `kind`; raises ImportFailed (or pcc.models.CatalogError) when it cannot."""
+    if kind == "checkpoint":
+        from pcc.importer.checkpoint import import_checkpoint
+
+        return import_checkpoint(source, model, hardware)
+    if kind == "miles":
+        from pcc.importer.miles import import_miles
+
+        return import_miles(source, model, hardware)
+    raise ImportFailed(f"unknown import kind {kind!r} (known: {', '.join(KINDS)})")

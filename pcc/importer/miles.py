@@ -1,0 +1,541 @@
+"""`pcc import miles SOURCE`: a contract from a Miles launch.
+
+SOURCE is a pcc bundle directory (miles/args.txt, miles/runtime-env.json, rollout/
+quantization_config.json, trainer/te_precision.yaml, validate/expectations.yaml), a launch
+script (`ray job submit ... -- python3 train.py ARGS`, bash arrays of flags, `export` lines and
+`--runtime-env-json`), or an argument file. Flags are read as argparse reads them: the later of
+two wins. What each flag means is Miles' own parser (miles/utils/arguments.py) and Megatron's
+(megatron/training/arguments.py); docs/import.md has the table. The rollout rules come from the
+checkpoint the launch runs (`--hf-checkpoint`, or the bundle's quantization_config.json),
+through `pcc import checkpoint`'s rules.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+from pathlib import Path
+
+import yaml
+
+from pcc.importer import Imported, ImportFailed, contract_name, read_json
+from pcc.importer.checkpoint import Decided, _define, finish, load_model, method_of, rollout_rules
+from pcc.importer.matching import module_name
+from pcc.importer.rules import family_patterns, select
+from pcc.models import Catalog
+from pcc.plan.patterns import LINEAR
+
+SCRIPTS = ("train.py", "train_async.py")
+# Flags of `ray job submit` (not Miles'), skipped with their values.
+_RAY = {"--address", "--runtime-env-json", "--runtime-env", "--working-dir", "--submission-id", "--entrypoint-num-cpus",
+        "--entrypoint-num-gpus", "--entrypoint-resources", "--metadata-json", "--headers"}
+_TRUE = {"1", "true", "True", "yes"}
+# Megatron's modules per operator family (targets/megatron.yaml `modules`): what a TE precision
+# file's globs see, under decoder.layers.<L>.
+_TE_KEYS = {"fp8_quantization_recipe", "fp4_quantization_recipe"}
+_RECIPE_SCHEME = {"tensorwise": ({"format": "fp8_e4m3", "grouping": {"kind": "tensor"}}, "fp8_tensor"),
+                  "delayed": ({"format": "fp8_e4m3", "grouping": {"kind": "tensor"}, "amax": "delayed"}, "fp8_delayed"),
+                  "mxfp8": ({"format": "mxfp8"}, "mxfp8"),
+                  "nvfp4": ({"format": "nvfp4"}, "nvfp4")}
+_KV = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
+_TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk-delta": "disk"}
+# Contract fields no Miles launch states: written as pcc's defaults, each reported once (PCC808).
+NOT_IN_A_LAUNCH = (
+    ("rollout.max_tokens", "no Miles or SGLang flag of the launch bounds the generation length the contract plans for"),
+    ("rollout.record", "what rollout records follows from the routing replay flags; the contract's list is not a flag"),
+    ("sync.bridge", "Miles derives the sync representation from the rollout checkpoint; no flag states it"),
+    ("sync.activation", "Miles always activates a version atomically"),
+    ("trainer.rules gemm", "Transformer Engine runs a recipe's GEMMs for real: 'qdq' (fake quantization) and "
+                           "'accumulate'/'output' are not flags"),
+)
+
+
+def _tokens(text: str, file: str) -> list[str]:
+    try:
+        return shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:
+        raise ImportFailed(f"{file}: cannot split into shell words ({exc})", file=file) from None
+
+
+def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
+    """(entry script, flag -> values of its last occurrence, `export` assignments)."""
+    script, flags, exports = None, {}, []
+    k = 0
+    while k < len(tokens):
+        tok = tokens[k]
+        if Path(tok).name in SCRIPTS:
+            script = Path(tok).name
+        if tok == "export" and k + 1 < len(tokens) and "=" in tokens[k + 1]:
+            exports.append(tokens[k + 1])
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, inline = tok.partition("=")
+            values = [inline] if eq else []
+            j = k + 1
+            while not eq and j < len(tokens) and not tokens[j].startswith("--") and tokens[j] not in (")", "\\") \
+                    and Path(tokens[j]).name not in SCRIPTS:
+                if tokens[j].endswith("=(") or tokens[j] in ("&&", "||", ";", "|"):
+                    break
+                values.append(tokens[j])
+                j += 1
+            if name not in _RAY:
+                flags[name] = values
+            elif name == "--runtime-env-json" and values:
+                exports.append("--runtime-env-json=" + values[0])
+            k = j
+            continue
+        k += 1
+    return script, flags, exports
+
+
+class Launch:
+    """A launch's flags, environment and the files it points at."""
+
+    def __init__(self, source: str):
+        self.source = source
+        p = Path(source)
+        self.bundle = p if p.is_dir() else None
+        self.env: dict[str, str] = {}
+        self.quant_config: dict | None = None
+        self.quant_file: str | None = None
+        self.te_file: Path | None = None
+        self.expectations: Path | None = None
+        if self.bundle is not None:
+            args = p / "miles" / "args.txt"
+            if not args.is_file():
+                raise ImportFailed(f"{p}: not a pcc bundle (no miles/args.txt); pass the launch script instead",
+                                   file=str(p))
+            self.file = str(args)
+            text = args.read_text(encoding="utf-8")
+            tokens = text.split()
+            env_file = p / "miles" / "runtime-env.json"
+            if env_file.is_file():
+                self.env.update(_env_vars(read_json(env_file, "runtime-env.json"), str(env_file)))
+            qc = p / "rollout" / "quantization_config.json"
+            if qc.is_file():
+                self.quant_config, self.quant_file = read_json(qc, "quantization_config.json"), str(qc)
+            te = p / "trainer" / "te_precision.yaml"
+            self.te_file = te if te.is_file() else None
+            ex = p / "validate" / "expectations.yaml"
+            self.expectations = ex if ex.is_file() else None
+        else:
+            if not p.is_file():
+                raise ImportFailed(f"{source}: no such launch script, argument file or bundle", file=source)
+            self.file = source
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ImportFailed(f"{source}: unreadable ({exc})", file=source) from None
+            tokens = _tokens(text, source)
+        self.script, self.flags, exports = parse_args(tokens)
+        for e in exports:
+            key, _, value = e.partition("=")
+            if key == "--runtime-env-json":
+                try:
+                    self.env.update(_env_vars(json.loads(value), source))
+                except ValueError:
+                    beside = p.parent / "runtime-env.json"
+                    if beside.is_file():
+                        self.env.update(_env_vars(read_json(beside, "runtime-env.json"), str(beside)))
+            else:
+                self.env[key] = value
+        if self.bundle is None and "$(cat" in text and not self.env:
+            beside = p.parent / "runtime-env.json"
+            if beside.is_file():
+                self.env.update(_env_vars(read_json(beside, "runtime-env.json"), str(beside)))
+
+    def has(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def value(self, flag: str, default: str | None = None) -> str | None:
+        v = self.flags.get(flag)
+        return v[-1] if v else default
+
+    def number(self, flag: str, kind, default=None):
+        v = self.value(flag)
+        if v is None:
+            return default
+        try:
+            return kind(v)
+        except ValueError:
+            raise ImportFailed(f"{self.file}: {flag} {v!r} is not a{'n integer' if kind is int else ' number'}",
+                               path=flag, file=self.file) from None
+
+
+def _env_vars(doc: dict, file: str) -> dict[str, str]:
+    env = doc.get("env_vars", {})
+    if not isinstance(env, dict):
+        raise ImportFailed(f"{file}: env_vars is not an object", file=file)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def import_miles(source: str, model: str | None, hardware: str | None = None) -> Imported:
+    launch = Launch(source)
+    ckpt_dir = launch.value("--hf-checkpoint")
+    ckpt = ckpt_dir if ckpt_dir and Path(ckpt_dir).is_dir() else None
+    catalog, ref = load_model(model, ckpt)
+    imp = Imported({"name": contract_name(source), "model": ref}, source=launch.file)
+    _rollout(imp, launch, catalog, ckpt)
+    _trainer(imp, launch, catalog)
+    _sync_and_objective(imp, launch, catalog)
+    _expectations(imp, launch)
+    if launch.value("--sglang-device") == "cpu" and hardware is None:
+        hardware = "cpu"
+    for field, why in NOT_IN_A_LAUNCH:
+        imp.warn("PCC808", f"{field}: not in a Miles launch ({why}); the contract states pcc's default", field)
+    finish(imp, catalog, hardware)
+    return imp
+
+
+def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) -> None:
+    from pcc.importer.checkpoint import read_quant_config
+
+    qc, file = launch.quant_config, launch.quant_file
+    if qc is None and ckpt is not None:
+        try:
+            qc, file, _ = read_quant_config(ckpt)
+        except ImportFailed:
+            qc = None
+    d = Decided()
+    if qc is not None:
+        from pcc.importer import checkpoint as ck
+
+        method = method_of(qc, file)
+        d = {"fp8": ck._fp8, "mxfp4": ck._mxfp4, "compressed-tensors": ck._compressed_tensors,
+             "modelopt": ck._modelopt}[method](qc, catalog, imp, file)
+        said = launch.value("--sglang-quantization")
+        expected = {"fp8": {"fp8", "mxfp8", "w8a8_fp8"}, "mxfp4": {"mxfp4"}, "compressed-tensors": {"compressed-tensors"},
+                    "modelopt": {"modelopt", "modelopt_fp4", "modelopt_fp8"}}[method]
+        if said is not None and said not in expected:
+            imp.warn("PCC809", f"--sglang-quantization {said} but the rollout checkpoint's config is {method} "
+                     f"({file}): SGLang refuses the mismatch", "--sglang-quantization")
+    elif launch.value("--sglang-quantization") not in (None, "unquant"):
+        imp.warn("PCC808", f"--sglang-quantization {launch.value('--sglang-quantization')}: which operators the rollout "
+                 "quantizes is in the checkpoint's quantization_config, which the launch does not reach "
+                 "(--hf-checkpoint is not a readable directory); the contract's rollout stays wide",
+                 "--hf-checkpoint", hint="import the checkpoint with 'pcc import checkpoint' and merge its rollout rules")
+    kv = launch.value("--sglang-kv-cache-dtype")
+    if kv not in (None, "auto", "bf16", "bfloat16"):
+        if kv not in _KV:
+            imp.warn("PCC804", f"--sglang-kv-cache-dtype {kv}: no pcc KV cache format", "--sglang-kv-cache-dtype")
+        else:
+            if d.kv and d.kv != _KV[kv]:
+                imp.warn("PCC809", f"--sglang-kv-cache-dtype {kv} overrides the checkpoint's {d.kv} KV cache",
+                         "--sglang-kv-cache-dtype")
+            d.kv = _KV[kv]
+    rollout_rules(imp, catalog, d)
+    block = imp.contract["rollout"]
+    par = {}
+    for key, flag in (("tp", "--rollout-num-gpus-per-engine"), ("ep", "--sglang-ep-size"), ("dp", "--sglang-dp-size"),
+                      ("pp", "--sglang-pp-size")):
+        n = launch.number(flag, int)
+        if n is not None and n != 1:
+            par[key] = n
+    if par:
+        block["parallel"] = par
+    if launch.has("--sglang-enable-deterministic-inference"):
+        block["deterministic"] = True
+    dtype = launch.value("--sglang-dtype")
+    if dtype not in (None, "auto", "bfloat16"):
+        imp.warn("PCC804", f"--sglang-dtype {dtype}: the contract's wide operators are bf16", "--sglang-dtype")
+
+
+def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
+    t: dict = {"engine": "megatron"}
+    if launch.value("--transformer-impl", "transformer_engine") != "transformer_engine":
+        t["impl"] = launch.value("--transformer-impl")
+    t["rules"] = _trainer_rules(imp, launch, catalog)
+    if launch.has("--fp16"):
+        t["params"] = "fp16"
+    elif launch.has("--bf16"):
+        t["params"] = "bf16"
+    else:
+        t["params"] = "fp32"
+        imp.warn("PCC804", "neither --bf16 nor --fp16: Megatron keeps FP32 parameters", "--bf16")
+    for key, flag in (("master", "--main-params-dtype"), ("moments", "--exp-avg-dtype"), ("grads", "--main-grads-dtype")):
+        v = launch.value(flag, "fp32")
+        if v not in ("fp32", "fp16", "bf16", "fp8"):
+            raise ImportFailed(f"{launch.file}: {flag} {v!r} is not a Megatron dtype", path=flag, file=launch.file)
+        t[key] = v
+    if launch.value("--exp-avg-sq-dtype", "fp32") != t["moments"]:
+        imp.warn("PCC804", f"--exp-avg-sq-dtype {launch.value('--exp-avg-sq-dtype', 'fp32')} differs from --exp-avg-dtype "
+                 f"{t['moments']}: a contract states one moments dtype; written {t['moments']}", "--exp-avg-sq-dtype")
+    if launch.has("--fp8-param-gather"):
+        t["param_gather"] = "fp8"
+    t["optimizer"] = {"kind": launch.value("--optimizer", "adam"), "distributed": launch.has("--use-distributed-optimizer"),
+                      "offload": launch.has("--optimizer-cpu-offload"),
+                      "precision_aware": launch.has("--use-precision-aware-optimizer")}
+    if t["optimizer"]["kind"] not in ("adam", "sgd"):
+        raise ImportFailed(f"{launch.file}: --optimizer {t['optimizer']['kind']!r}: pcc states adam or sgd",
+                           path="--optimizer", file=launch.file)
+    par = {}
+    for key, flag in (("tp", "--tensor-model-parallel-size"), ("ep", "--expert-model-parallel-size"),
+                      ("pp", "--pipeline-model-parallel-size")):
+        n = launch.number(flag, int)
+        if n is not None and n != 1:
+            par[key] = n
+    if par:
+        t["parallel"] = par
+    for flag in ("--no-fp8-wgrad", "--fp4-param-gather", "--fp8-output-proj", "--keep-fp8-transpose-cache"):
+        if launch.has(flag):
+            imp.warn("PCC807", f"{flag}: pcc has no field for it; the contract does not state it", flag)
+    imp.contract["trainer"] = t
+
+
+def _te_ops(catalog: Catalog) -> list[int]:
+    return [i for i, op in enumerate(catalog.operators) if op.family in LINEAR]
+
+
+def _trainer_rules(imp: Imported, launch: Launch, catalog: Catalog) -> list[dict]:
+    """Trainer GEMM rules from the recipe flags, the backward override, the layer exceptions or the
+    TE precision file, and INT4 QAT's environment."""
+    rules: list[dict] = []
+    recipe = None
+    if launch.value("--fp4-format"):
+        recipe = launch.value("--fp4-recipe", "nvfp4")
+        if recipe != "nvfp4":
+            raise ImportFailed(f"{launch.file}: --fp4-recipe {recipe}: pcc imports nvfp4", path="--fp4-recipe",
+                               file=launch.file)
+    elif launch.value("--fp8-format"):
+        recipe = launch.value("--fp8-recipe", "delayed")
+        if launch.value("--fp8-format") == "hybrid":
+            imp.warn("PCC804", "--fp8-format hybrid: E5M2 gradients; the imported schemes state E4M3 (write "
+                     "gradients fp8_e5m2 by hand if you rely on it)", "--fp8-format")
+    if recipe is not None:
+        if recipe == "blockwise":
+            fp32 = launch.env.get("NVTE_FP8_BLOCK_SCALING_FP32_SCALES")
+            if fp32 is None:
+                imp.warn("PCC808", "--fp8-recipe blockwise without NVTE_FP8_BLOCK_SCALING_FP32_SCALES: Miles chooses the "
+                         "scale dtype by GPU (FP32 below SM100); the contract states FP32 scales", "env")
+            spec = {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 128, "cols": 128},
+                    "activations": {"kind": "tile", "rows": 1, "cols": 128}}
+            stem = "fp8_block"
+            if fp32 not in (None, "1"):
+                spec["scale"], stem = "pow2", "fp8_block_pow2"
+        elif recipe in _RECIPE_SCHEME:
+            spec, stem = _RECIPE_SCHEME[recipe]
+        else:
+            raise ImportFailed(f"{launch.file}: --fp8-recipe {recipe}: pcc imports tensorwise, delayed, blockwise, mxfp8",
+                               path="--fp8-recipe", file=launch.file)
+        name = _define(imp, spec, stem)
+        chosen = _te_quantized(imp, launch, catalog, recipe)
+        high = launch.env.get("NVTE_BACKWARD_OVERRIDE") == "high_precision"
+        comps = ["fprop"] if high else ["fprop", "dgrad", "wgrad"]
+        if chosen:
+            scope = {i for i, op in enumerate(catalog.operators) if op.family in LINEAR}
+            patterns = (family_patterns(catalog, {catalog.operators[i].family for i in chosen})
+                        if chosen == {i for i in scope if catalog.operators[i].family in
+                                      {catalog.operators[j].family for j in chosen}}
+                        else select(catalog, chosen, scope))
+            rules.append({"components": comps, "patterns": patterns, "scheme": name})
+    if launch.env.get("OPEN_TRAINING_INT4_FAKE_QAT_FLAG", "0") == "1":
+        try:
+            group = int(launch.env.get("OPEN_TRAINING_INT4_GROUP_SIZE", "128"))
+        except ValueError:
+            raise ImportFailed(f"{launch.file}: OPEN_TRAINING_INT4_GROUP_SIZE "
+                               f"{launch.env['OPEN_TRAINING_INT4_GROUP_SIZE']!r} is not an integer",
+                               path="OPEN_TRAINING_INT4_GROUP_SIZE", file=launch.file) from None
+        name = _define(imp, {"format": "int4", "grouping": {"kind": "group", "size": group}}, f"int4_g{group}")
+        experts = [p for p in ("experts",) if any(op.family.startswith("experts.") for op in catalog.operators)]
+        if not experts:
+            imp.warn("PCC804", "INT4 QAT fake-quantizes routed experts only (Miles' GroupedLinear hook), and the model "
+                     "has none", "OPEN_TRAINING_INT4_FAKE_QAT_FLAG")
+        else:
+            rules.append({"components": ["fprop"], "patterns": experts, "scheme": name, "gemm": "qdq"})
+            roll = {imp.contract.get("schemes", {}).get(r["scheme"], {}).get("grouping", {}).get("size")
+                    or _preset_group(r["scheme"])
+                    for r in imp.contract["rollout"]["rules"] if not r.get("keep") and _is_int4(imp, r["scheme"])}
+            roll.discard(None)
+            if roll and roll != {group}:
+                imp.warn("PCC809", f"OPEN_TRAINING_INT4_GROUP_SIZE={group} but the rollout checkpoint's INT4 groups are "
+                         f"{', '.join(map(str, sorted(roll)))}: trainer QAT and rollout quantize differently "
+                         "(pcc check reports it as PCC403)", "OPEN_TRAINING_INT4_GROUP_SIZE")
+    for var in sorted(launch.env):
+        if var.startswith("NVTE_") and var not in ("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "NVTE_BACKWARD_OVERRIDE"):
+            imp.warn("PCC807", f"{var}={launch.env[var]}: a Transformer Engine switch pcc has no field for", var)
+    if launch.env.get("NVTE_BACKWARD_OVERRIDE") not in (None, "high_precision"):
+        imp.warn("PCC807", f"NVTE_BACKWARD_OVERRIDE={launch.env['NVTE_BACKWARD_OVERRIDE']}: pcc states a wide backward "
+                 "(high_precision) or a quantized one", "NVTE_BACKWARD_OVERRIDE")
+    return rules
+
+
+def _preset_group(name: str) -> int | None:
+    from pcc.contract.scheme import preset
+
+    s = preset(name)
+    return s.weights.size if s is not None and s.weights is not None else None
+
+
+def _is_int4(imp: Imported, name: str) -> bool:
+    from pcc.contract.scheme import Scheme, preset
+
+    spec = imp.contract.get("schemes", {}).get(name)
+    s = Scheme.model_validate(spec) if spec else preset(name)
+    return s is not None and s.format == "int4"
+
+
+def _te_quantized(imp: Imported, launch: Launch, catalog: Catalog, recipe: str) -> set[int]:
+    """The TE operators the recipe runs: all of them, all but the first/last layers, or what the
+    precision file's first matching glob gives each Megatron module."""
+    ops = catalog.operators
+    te = _te_ops(catalog)
+    if launch.value("--te-precision-config-file"):
+        return _precision_file(imp, launch, catalog, recipe)
+    if launch.has("--first-last-layers-bf16"):
+        n = catalog.num_layers
+        start = launch.number("--num-layers-at-start-in-bf16", int, 1)
+        end = launch.number("--num-layers-at-end-in-bf16", int, 1)
+        return {i for i in te if start <= ops[i].layer < n - end}
+    return set(te)
+
+
+def _megatron_paths(op) -> list[str]:
+    from pcc.lower.megatron import tables
+
+    return [f"decoder.layers.{op.layer}.{m}".replace("*", "0") for m in tables()["modules"].get(op.family, [])]
+
+
+def _precision_file(imp: Imported, launch: Launch, catalog: Catalog, recipe: str) -> set[int]:
+    """megatron.core's precision config: named configs, ordered glob matchers, first match wins."""
+    given = launch.value("--te-precision-config-file")
+    path = launch.te_file
+    if path is None:
+        for base in (Path(launch.file).parent, Path(launch.file).parent.parent, Path.cwd()):
+            cand = base / given.replace('"$bundle"/', "")
+            if cand.is_file():
+                path = cand
+                break
+    if path is None:
+        raise ImportFailed(f"{launch.file}: --te-precision-config-file {given}: no such file beside the launch",
+                           path="--te-precision-config-file", file=launch.file)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ImportFailed(f"{path}: unreadable TE precision file ({exc})", file=str(path)) from None
+    configs, matchers = (doc or {}).get("configs") or {}, (doc or {}).get("matchers") or {}
+    quant: dict[str, bool] = {}
+    for name, cfg in configs.items():
+        tr = (cfg or {}).get("training_recipe") or {}
+        unknown = set(tr) - _TE_KEYS
+        if unknown:
+            imp.warn("PCC807", f"{path}: config {name} sets {', '.join(sorted(unknown))}, which pcc has no field for",
+                     f"configs.{name}", file=str(path))
+        quant[name] = bool(set(tr) & _TE_KEYS)
+    ordered = [(k, m) for k, m in matchers.items() if (m or {}).get("enabled", True)]
+    used: set[str] = set()
+    chosen: set[int] = set()
+    for k, m in ordered:
+        if m.get("type", "glob") != "glob":
+            raise ImportFailed(f"{path}: matcher {k} has type {m.get('type')!r}; pcc reads glob matchers",
+                               file=str(path))
+    for i in _te_ops(catalog):
+        for module in _megatron_paths(catalog.operators[i]):
+            first = next((k for k, m in ordered if fnmatch.fnmatchcase(module, str(m.get("pattern")))), None)
+            if first is not None:
+                used.add(first)
+                if quant.get(matchers[first].get("config"), False):
+                    chosen.add(i)
+    for k, _ in ordered:
+        if k not in used:
+            imp.warn("PCC802", f"{path}: matcher {k} ({matchers[k].get('pattern')!r}) decides no module of "
+                     f"{catalog.name} (an earlier matcher takes them, or none exists)", f"matchers.{k}", file=str(path))
+    return chosen
+
+
+def _sync_and_objective(imp: Imported, launch: Launch, catalog: Catalog) -> None:
+    c = imp.contract
+    sync: dict = {}
+    lora = launch.number("--lora-rank", int, 0)
+    sync["moves"] = "adapter" if lora else "full_weights"
+    if launch.script == "train_async.py":
+        sync["schedule"] = "async"
+        if launch.has("--fully-async"):
+            n = launch.number("--max-weight-staleness", int)
+            if n is None:
+                imp.warn("PCC804", "--fully-async without --max-weight-staleness: staleness is unbounded, which a "
+                         "contract cannot state; written max_staleness 1000 (pcc's limit)", "--max-weight-staleness")
+                n = 1000
+            sync["max_staleness"] = n
+        else:
+            sync["max_staleness"] = 1
+    else:
+        sync["schedule"] = "colocated"
+        if not launch.has("--colocate"):
+            imp.warn("PCC804", "train.py without --colocate: synchronous updates on separate GPU pools; the contract's "
+                     "'schedule colocated' states the same staleness 0", "--colocate")
+    mode = launch.value("--update-weight-transfer-mode")
+    if mode is not None:
+        if mode not in _TRANSFER:
+            raise ImportFailed(f"{launch.file}: --update-weight-transfer-mode {mode!r}", path="--update-weight-transfer-mode",
+                               file=launch.file)
+        sync["transfer"] = _TRANSFER[mode]
+    interval = launch.number("--update-weights-interval", int, 1)
+    if interval != 1:
+        sync["interval"] = interval
+    c["sync"] = sync
+    if launch.has("--use-tis"):
+        corr: dict = {"kind": "tis", "clip": launch.number("--tis-clip", float, 2.0)}
+        low = launch.number("--tis-clip-low", float, 0.0)
+        if low:
+            corr["low"] = low
+        if launch.has("--custom-tis-function-path"):
+            imp.warn("PCC804", "--custom-tis-function-path: the correction is that function's; the contract states "
+                     "'tis' (write mis, masked or rejection if that is what it implements)", "--custom-tis-function-path")
+        c["correction"] = corr
+    if launch.has("--use-rollout-routing-replay"):
+        c["routing_replay"] = "r3"
+    elif launch.has("--use-routing-replay"):
+        c["routing_replay"] = "r2"
+    if lora:
+        mods = launch.value("--target-modules")
+        if not mods:
+            raise ImportFailed(f"{launch.file}: --lora-rank {lora} without --target-modules (Miles requires it)",
+                               path="--target-modules", file=launch.file)
+        t = {"kind": "lora", "rank": lora, "alpha": launch.number("--lora-alpha", float, 16.0)}
+        drop = launch.number("--lora-dropout", float, 0.0)
+        if drop:
+            t["dropout"] = drop
+        t["targets"] = _lora_targets(imp, catalog, mods)
+        c["trainable"] = t
+    else:
+        c["trainable"] = {"kind": "all"}
+
+
+def _lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
+    """Miles matches LoRA targets by module name (the last dotted part): those operators as patterns."""
+    if mods == "all-linear":
+        return ["linear"]
+    leaves = [m.strip() for m in mods.split(",") if m.strip()]
+    ops = catalog.operators
+    chosen = {i for i, op in enumerate(ops) if op.family != "kv_cache" and module_name(op).rsplit(".", 1)[-1] in leaves}
+    for leaf in leaves:
+        if not any(module_name(op).rsplit(".", 1)[-1] == leaf for op in ops):
+            imp.warn("PCC802", f"--target-modules {leaf}: no module of {catalog.name} has that name", "--target-modules")
+    if not chosen:
+        raise ImportFailed(f"--target-modules {mods}: selects no module of {catalog.name}", path="--target-modules")
+    families = {ops[i].family for i in chosen}
+    scope = {i for i, op in enumerate(ops) if op.family in families}
+    return select(catalog, chosen, scope)
+
+
+def _expectations(imp: Imported, launch: Launch) -> None:
+    """A bundle's validate/expectations.yaml: the thresholds whose source is the contract."""
+    if launch.expectations is None:
+        return
+    try:
+        doc = yaml.safe_load(launch.expectations.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ImportFailed(f"{launch.expectations}: unreadable ({exc})", file=str(launch.expectations)) from None
+    out = []
+    for level in doc.get("levels") or []:
+        for th in level.get("thresholds") or []:
+            if th.get("source") != "contract":
+                continue
+            metric, *stat = str(th["metric"]).split()
+            e = {"metric": metric, "op": th["op"], "value": th["value"]}
+            if stat:
+                e["stat"] = " ".join(stat)
+            out.append(e)
+    if out:
+        imp.contract["expect"] = out
+
