@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
-from pcc.importer.matching import (FusedDisagreement, SglangModule, ct_classes, ct_ignored, ct_match_name,
+from pcc.importer.matching import (FusedDisagreement, SglangModule, ct_classes, ct_match_name,
                                    ct_matched_targets, modelopt_excluded, module_name, module_path_match,
                                    normalized_fp8_ignores, sglang_module, sglang_skipped)
 from pcc.importer.rules import family_patterns, scheme_name, select
@@ -328,7 +328,7 @@ def _ct_stem(g: dict, gname: str) -> str:
     return f"{gname}_{'w' if kind == 'int' else 'f'}{bits}{a}" + (f"_g{size}" if size else "")
 
 
-def _ct_grouping(args: dict, fmt: str, role: str, imp: Imported, where: str) -> dict:
+def _ct_grouping(args: dict, fmt: str, role: str, where: str) -> dict:
     strategy = args.get("strategy")
     if strategy == "tensor":
         return {"kind": "tensor"}
@@ -369,7 +369,7 @@ def _ct_scheme(g: dict, gname: str, imp: Imported, file: str) -> dict:
         raise ImportFailed(f"{file}: {base} quantizes no weights; pcc imports weight schemes", path=base + ".weights",
                            file=file)
     fmt = _ct_format(w, base + ".weights")
-    spec: dict = {"format": fmt, "weights": _ct_grouping(w, fmt, "weights", imp, base + ".weights")}
+    spec: dict = {"format": fmt, "weights": _ct_grouping(w, fmt, "weights", base + ".weights")}
     if w.get("symmetric") is False:
         spec["symmetric"] = False
     if w.get("actorder"):
@@ -380,7 +380,7 @@ def _ct_scheme(g: dict, gname: str, imp: Imported, file: str) -> dict:
         if afmt != fmt:
             raise ImportFailed(f"{file}: {base} has {fmt} weights and {afmt} activations; a pcc scheme has one format",
                                path=base + ".input_activations", file=file)
-        spec["activations"] = _ct_grouping(a, fmt, "activations", imp, base + ".input_activations")
+        spec["activations"] = _ct_grouping(a, fmt, "activations", base + ".input_activations")
         if a.get("dynamic") is False and fmt != "nvfp4":
             imp.warn("PCC804", f"{base}.input_activations are static (calibrated scales): pcc states the grouping, "
                      "not where the activation scale comes from", base + ".input_activations.dynamic")

@@ -153,6 +153,3 @@ def ct_matched_targets(name: str, classes: tuple[str, ...], targets: list[str]) 
     out += [t for t in ordered if t in classes and t not in out]
     return out
 
-
-def ct_ignored(name: str, classes: tuple[str, ...], ignore: list[str]) -> bool:
-    return any(ct_match_name(name, e) or e in classes for e in ignore)
