@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -58,9 +59,32 @@ def _tokens(text: str, file: str) -> list[str]:
         raise ImportFailed(f"{file}: cannot split into shell words ({exc})", file=file) from None
 
 
+_REF = re.compile(r"^\$(?:\{(\w+)\}|(\w+))$")
+_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
+
+
+def _substitute(tokens: list[str]) -> list[str]:
+    """A word that is exactly `$NAME` or `${NAME}` takes the value the script last assigned to
+    NAME (`RUNTIME_ENV_JSON="{...}"` then `--runtime-env-json="${RUNTIME_ENV_JSON}"`); anything
+    computed at run time stays as written."""
+    assigned: dict[str, str] = {}
+    out = []
+    for tok in tokens:
+        m = _ASSIGN.match(tok)
+        if m and not m[2].endswith("("):
+            assigned[m[1]] = m[2]
+        head, eq, tail = tok.partition("=") if tok.startswith("--") else ("", "", tok)
+        r = _REF.match(tail)
+        if r and (r[1] or r[2]) in assigned:
+            tail = assigned[r[1] or r[2]]
+        out.append(f"{head}{eq}{tail}" if eq else tail if not head else tok)
+    return out
+
+
 def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
     """(entry script, flag -> values of its last occurrence, `export` assignments)."""
     script, flags, exports = None, {}, []
+    tokens = _substitute(tokens)
     k = 0
     while k < len(tokens):
         tok = tokens[k]
@@ -209,6 +233,11 @@ def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) 
         if said is not None and said not in expected:
             imp.warn("PCC809", f"--sglang-quantization {said} but the rollout checkpoint's config is {method} "
                      f"({file}): SGLang refuses the mismatch", "--sglang-quantization")
+    elif launch.value("--hf-checkpoint") is not None:
+        imp.warn("PCC808", f"--hf-checkpoint {launch.value('--hf-checkpoint')} is not a readable directory here: which "
+                 "operators the rollout quantizes is in its quantization_config, so the contract's rollout stays wide",
+                 "--hf-checkpoint", hint="run the import where the checkpoint is, or import it with 'pcc import "
+                 "checkpoint' and merge its rollout rules")
     elif launch.value("--sglang-quantization") not in (None, "unquant"):
         imp.warn("PCC808", f"--sglang-quantization {launch.value('--sglang-quantization')}: which operators the rollout "
                  "quantizes is in the checkpoint's quantization_config, which the launch does not reach "
@@ -245,13 +274,8 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
     if launch.value("--transformer-impl", "transformer_engine") != "transformer_engine":
         t["impl"] = launch.value("--transformer-impl")
     t["rules"] = _trainer_rules(imp, launch, catalog)
-    if launch.has("--fp16"):
-        t["params"] = "fp16"
-    elif launch.has("--bf16"):
-        t["params"] = "bf16"
-    else:
-        t["params"] = "fp32"
-        imp.warn("PCC804", "neither --bf16 nor --fp16: Megatron keeps FP32 parameters", "--bf16")
+    # Miles sets args.bf16 = not args.fp16 (miles/backends/megatron_utils/arguments.py)
+    t["params"] = "fp16" if launch.has("--fp16") else "bf16"
     for key, flag in (("master", "--main-params-dtype"), ("moments", "--exp-avg-dtype"), ("grads", "--main-grads-dtype")):
         v = launch.value(flag, "fp32")
         if v not in ("fp32", "fp16", "bf16", "fp8"):

@@ -381,9 +381,14 @@ SGLANG_ARGS=(
    --sglang-kv-cache-dtype fp8_e4m3
 )
 ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus 8 --disable-usage-stats
-RUNTIME_ENV_JSON="{}"
+RUNTIME_ENV_JSON="{
+  \"env_vars\": {
+    \"OPEN_TRAINING_INT4_FAKE_QAT_FLAG\": \"1\",
+    \"OPEN_TRAINING_INT4_GROUP_SIZE\": \"128\"
+  }
+}"
 ray job submit --address="http://127.0.0.1:8265" \
-   --runtime-env-json='{"env_vars": {"OPEN_TRAINING_INT4_FAKE_QAT_FLAG": "1", "OPEN_TRAINING_INT4_GROUP_SIZE": "128"}}' \
+   --runtime-env-json="${RUNTIME_ENV_JSON}" \
    -- python3 train_async.py \
    --bf16 \
    ${MODEL_ARGS[@]} ${CKPT_ARGS[@]} ${PERF_ARGS[@]} ${GRPO_ARGS[@]} ${SGLANG_ARGS[@]} \
@@ -403,6 +408,8 @@ def test_miles_script_int4_qat_drift(tmp_path):
     imp = import_source("miles", str(script), "qwen3_30b_a3b", "H100")
     assert ("PCC809", "OPEN_TRAINING_INT4_GROUP_SIZE") in {(d.code, d.path) for d in imp.diagnostics}
     d = imp.contract
+    assert {"components": ["fprop"], "patterns": ["experts"], "scheme": "int4_g128", "gemm": "qdq"} in d["trainer"]["rules"]
+    assert d["trainer"]["params"] == "bf16"  # Miles: bf16 unless --fp16
     assert d["sync"] == {"moves": "full_weights", "schedule": "async", "max_staleness": 3}
     assert d["correction"] == {"kind": "tis", "clip": 1.5} and d["routing_replay"] == "r3"
     assert d["rollout"]["parallel"] == {"tp": 4, "ep": 4}
