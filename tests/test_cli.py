@@ -143,7 +143,7 @@ def test_model_from_a_checkpoint_resolves_against_its_real_names(tmp_path):
     ops = c.plan.catalog.operators
     assert len(ops) == len(tensors) + config["num_hidden_layers"]  # + one KV cache per layer
     visual = next(i for i, op in enumerate(ops) if op.tensor == "visual.proj.weight")
-    assert ops[visual].family == "other" and c.plan.scheme_name("rollout", visual) == "bf16"
+    assert ops[visual].family == "vision" and c.plan.scheme_name("rollout", visual) == "bf16"
     q = next(i for i, op in enumerate(ops) if op.family == "attn.q")
     assert c.plan.scheme_name("rollout", q) == "fp8_block"
 

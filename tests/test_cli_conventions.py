@@ -69,7 +69,8 @@ def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser
 def test_every_verb_has_json():
     verbs = _subparsers(parser())
     assert set(verbs) == {"check", "fmt", "export", "plan", "explain", "schema", "compile", "diff", "convert",
-                          "verify-checkpoint", "run", "experiment trainer-variants", "validate"}
+                          "verify-checkpoint", "run", "experiment trainer-variants", "validate",
+                          "import"}
     for name, sp in verbs.items():
         assert "--json" in sp._option_string_actions, name
 

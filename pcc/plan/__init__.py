@@ -39,7 +39,7 @@ def load_model(loaded: Loaded, rep: Reporter) -> Catalog | None:
         base = Path(loaded.path).parent
         return catalog_from_checkpoint(str(base / ref.path))
     except CatalogError as exc:
-        rep.error("PCC204", str(exc), where, path="model")
+        rep.error(exc.code or "PCC204", str(exc), where, path="model")
         return None
 
 
@@ -48,7 +48,7 @@ def compile_file(path: str, catalog: Catalog | None = None) -> Compiled:
     try:
         loaded = load(path)
     except DiagnosticError as exc:
-        return Compiled(None, None, exc.diagnostics, _sources(path))
+        return Compiled(None, None, exc.diagnostics, exc.sources)
     rep = Reporter(list(loaded.diagnostics))
     catalog = catalog or load_model(loaded, rep)
     if catalog is None:
@@ -68,9 +68,3 @@ def _own(diagnostics: list[Diagnostic], path: str) -> list[Diagnostic]:
         out.append(d if d.span is not None or d.file else replace(d, file=path))
     return out
 
-
-def _sources(path: str) -> dict[str, str]:
-    try:
-        return {path: Path(path).read_text(encoding="utf-8", errors="replace")}
-    except OSError:
-        return {}
