@@ -130,8 +130,10 @@ def test_an_allowed_root_opens_a_shared_folder(tmp_path, monkeypatch):
         load(str(child))
     monkeypatch.setenv(ROOTS_ENV, str(shared))
     assert load(str(child)).contract.model.catalog == "tiny_moe"
-    # the shipped contracts are always a root: tests/diff/pairs extend ../../../contracts/ from anywhere
+    # the working directory is a root: tests/diff/pairs extend ../../../contracts/ from the checkout
+    # (an installed wheel's own contracts/ folder is another place, so the checkout must be the cwd)
     monkeypatch.delenv(ROOTS_ENV)
+    monkeypatch.chdir(ROOT)
     assert load(str(ROOT / "tests" / "diff" / "pairs" / "k3_nvfp4_lora.prec")).contract.name == "k3-nvfp4-lora"
 
 
