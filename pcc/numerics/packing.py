@@ -45,10 +45,10 @@ def pack_int32x8(codes: torch.Tensor, dim: int = -1) -> torch.Tensor:
     little-endian machine byte j holds bits 8j..8j+7, so element 8i+j lands in bits 4j..4j+3."""
     c = codes.movedim(dim, -1)
     u = _pad_last((c + 8).to(torch.uint8), 8)
-    if sys.byteorder != "little":
-        raise NotImplementedError("int32x8 packing reads bytes as little-endian int32 words")
-    pairs = (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous()
-    return pairs.view(torch.int32).movedim(-1, dim)
+    pairs = u[..., 0::2] | (u[..., 1::2] << 4)
+    if sys.byteorder != "little":  # a native int32 reads its bytes in reverse: store them so
+        pairs = pairs.unflatten(-1, (-1, 4)).flip(-1).flatten(-2)
+    return pairs.contiguous().view(torch.int32).movedim(-1, dim)
 
 
 def unpack_int32x8(packed: torch.Tensor, k: int, dim: int = -1) -> torch.Tensor:
