@@ -108,6 +108,8 @@ def lines(d: dict) -> list[Line]:
         top.append(("model", f"model {m['catalog']}" if m.get("catalog") else f"model from {json.dumps(m['path'])}"))
     if "hardware" in d:
         top.append(("hardware", f"hardware {d['hardware']}"))
+    if "framework" in d:
+        top.append(("framework", f"framework {d['framework']}"))
     body.append(top)
     body.append([(f"schemes.{k}", f"scheme {k} = {scheme_text(_shortest(v))}") for k, v in d.get("schemes", {}).items()])
     if "rollout" in d:

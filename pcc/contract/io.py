@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from pydantic import ValidationError
 
 from pcc.contract.model import Contract
 from pcc.lang.build import SourceMap, build
-from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter, Span
+from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter, Span, did_you_mean
 from pcc.lang.inputs import DuplicateKey, loads_json
 from pcc.lang.parser import read_source
 
@@ -300,13 +301,16 @@ def _validation_diagnostics(exc: ValidationError, path: str, smap: SourceMap) ->
             else:
                 loc += ("." if loc else "") + str(part)
         msg = err["msg"].removeprefix("Value error, ")
+        hint = None
         if err["type"] == "literal_error":
             msg = f"invalid value {err.get('input')!r}: {msg.lower()}"
+            if isinstance(err.get("input"), str):  # pydantic names the choices as "'a', 'b' or 'c'"
+                hint = did_you_mean(err["input"], re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", "")))
         elif err["type"] == "extra_forbidden":
             msg = f"unknown field '{loc.rsplit('.', 1)[-1]}'"
         span = smap.find(loc)
         out.append(Diagnostic("PCC105", "error", msg, span, path=None if span else loc or "<top>",
-                              file=None if span else path))
+                              file=None if span else path, hint=hint))
     return out
 
 

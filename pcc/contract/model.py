@@ -173,6 +173,8 @@ class Contract(_Model):
     extends: str | None = None
     model: ModelRef | None = None
     hardware: str | None = None
+    # the stack that launches trainer and rollout; None: Miles for Megatron + SGLang, else none (`runs_on`)
+    framework: Literal["miles", "verl"] | None = None
     schemes: dict[str, Scheme] = Field(default_factory=dict)
     rollout: Rollout = Rollout()
     trainer: Trainer = Trainer()
@@ -189,3 +191,11 @@ class Contract(_Model):
             if not k.replace("_", "a").replace("-", "a").isalnum():
                 raise ValueError(f"scheme name {k!r} is not a name")
         return v
+
+    @property
+    def runs_on(self) -> str | None:
+        """The framework that launches this contract's trainer and rollout: the one it names, else Miles
+        where it is Megatron + SGLang (what Miles runs), else none (the bundle carries the engines' files)."""
+        if self.framework is not None:
+            return self.framework
+        return "miles" if (self.trainer.engine, self.rollout.engine) == ("megatron", "sglang") else None

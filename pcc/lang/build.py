@@ -150,6 +150,10 @@ class _Builder:
             target = self.out.setdefault(prefix[:-1], {}) if prefix else self.out
             target["hardware"] = str(n.children[0])
 
+    def s_framework(self, n: Tree) -> None:
+        if self.once("framework", n, "'framework' statement"):
+            self.out["framework"] = str(n.children[0])
+
     def s_scheme_def(self, n: Tree) -> None:
         name, expr = n.children
         key = f"schemes.{name}"

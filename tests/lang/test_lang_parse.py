@@ -164,3 +164,31 @@ def test_a_contract_name_with_a_dot_says_what_names_hold():
     (d,) = _errors("contract qwen3.5-test {\n  model tiny_dense\n}\n")
     assert (d.code, d.span.line, d.span.col) == ("PCC101", 1, 15)
     assert "letters, digits, '_' and '-'" in d.hint and "'qwen3_5-test'" in d.hint
+
+
+def test_framework_statement_in_prec_yaml_and_fmt(tmp_path):
+    """`framework verl` is positioned, merges through extends, means the same in YAML, and formats back; a
+    misspelled name is PCC105 at the statement with a did-you-mean, in .prec and YAML alike."""
+    from pcc.contract.fmt import format_source
+
+    rep = Reporter()
+    d, smap = build("contract c {\n  model tiny_moe\n  framework verl\n}\n", "c.prec", rep)
+    assert d["framework"] == "verl" and (smap["framework"].line, smap["framework"].col) == (3, 3)
+    assert format_source('contract c {\n  model tiny_moe\n    framework   verl  # launcher\n}\n') == \
+        "contract c {\n  model tiny_moe\n  framework verl  # launcher\n}\n"
+    (tmp_path / "base.prec").write_text(SMALL)
+    (tmp_path / "child.prec").write_text('contract child extends "base.prec" {\n  framework verl\n}\n')
+    child = load(str(tmp_path / "child.prec")).contract
+    assert child.framework == "verl" and child.runs_on == "verl"
+    base = load(str(tmp_path / "base.prec")).contract
+    assert base.framework is None and base.runs_on == "miles"  # Megatron + SGLang: Miles, as before
+    assert base.model_copy(update={"rollout": base.rollout.model_copy(update={"engine": "vllm"})}).runs_on is None
+    (tmp_path / "y.yaml").write_text("name: y\nmodel: {catalog: tiny_moe}\nframework: verl\n")
+    assert load(str(tmp_path / "y.yaml")).contract.framework == "verl"
+    for name, text in (("bad.prec", "contract c {\n  model tiny_moe\n  framework verll\n}\n"),
+                       ("bad.yaml", "name: c\nmodel: {catalog: tiny_moe}\nframework: verll\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DiagnosticError) as exc:
+            load(str(tmp_path / name))
+        (diag,) = exc.value.diagnostics
+        assert (diag.code, diag.span.line, diag.hint) == ("PCC105", 3, "did you mean 'verl'?"), name
