@@ -48,11 +48,6 @@ NO_FIXTURE = {
     "PCC714": "a checkpoint file outside its directory",
     # the shipped targets/engines.yaml targets versions that have everything pcc emits
     "PCC614": "an engine version older than targets/engines.yaml names (tests/lower/test_engine_support.py)",
-    # verl is a framework picked at run time (`pcc run --target verl`), not a target `pcc check` lowers;
-    # tests/lower/test_lower_verl.py checks each code
-    "PCC625": "a trainer verl cannot run", "PCC626": "a rollout precision verl cannot quantize to",
-    "PCC627": "LoRA verl's Megatron engine cannot express", "PCC628": "a correction verl cannot weigh",
-    "PCC629": "a sync verl's main_ppo does not run",
 }
 
 

@@ -75,7 +75,7 @@ TARGET_MODULES = {
     "converter": "pcc.lower.converter",
     "expectations": "pcc.lower.expectations",
     "miles": "pcc.lower.miles",
-    "verl": "pcc.lower.verl",  # a framework picked at run time, never in targets_for
+    "verl": "pcc.lower.verl",
 }
 _TARGETS: dict[str, Target] = {}
 
@@ -98,14 +98,15 @@ def get_target(name: str) -> Target:
 
 def targets_for(plan: Plan) -> tuple[str, ...]:
     """The targets a contract names: its rollout engine, its trainer engine where pcc lowers it,
-    the converter and the expectations, and Miles when it runs Megatron + SGLang."""
+    the converter and the expectations, and the framework that launches them (`Contract.runs_on`:
+    the one it names, else Miles for Megatron + SGLang)."""
     c = plan.contract
     names = [c.rollout.engine]
     if c.trainer.engine == "megatron":
         names.append("megatron")
     names += ["converter", "expectations"]
-    if c.trainer.engine == "megatron" and c.rollout.engine == "sglang":
-        names.append("miles")
+    if c.runs_on is not None:
+        names.append(c.runs_on)
     return tuple(n for n in TARGET_MODULES if n in names)
 
 
@@ -132,7 +133,7 @@ def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -
     """Lower every target `names` (default: the contract's); what a target cannot express goes to
     `rep` as a diagnostic positioned on the contract path that asked for it."""
     out, seen = {}, set()
-    if names is None and plan.contract.trainer.engine not in TARGET_MODULES:
+    if names is None and plan.contract.trainer.engine not in TARGET_MODULES and plan.contract.runs_on != "verl":
         rep.warning("PCC611", f"no target lowers 'trainer {plan.contract.trainer.engine}': the bundle carries no "
                     "trainer arguments, and its trainer precision is checked but not emitted",
                     plan.smap.find("trainer"), path="trainer",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pcc.lower import Lowered, Unsupported, lower, module_leaf, target
+from pcc.lower import Lowered, Unsupported, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout
 from pcc.lower.engine_support import check, miles_hardware_modes, targeted
 from pcc.lower.miles_arch import architecture, tables
@@ -233,9 +233,14 @@ def _asked_by(key: str) -> str:
     return "trainer.rules" if flag.startswith("OPEN_TRAINING") else "sync"
 
 
-@target("miles", honours=("sync", "correction", "routing_replay", "trainable", "rollout.parallel.tp",
+@target("miles", honours=("framework", "sync", "correction", "routing_replay", "trainable", "rollout.parallel.tp",
                           "rollout.parallel.gpus", "trainer.parallel.gpus", "trainer.parallel.dp", "rollout.max_tokens"))
 def lower_miles(plan: Plan) -> Lowered:
+    c = plan.contract
+    if (c.trainer.engine, c.rollout.engine) != ("megatron", "sglang"):
+        unsupported("PCC630", f"Miles runs a Megatron trainer with an SGLang rollout; the contract names "
+                    f"'framework miles' with trainer {c.trainer.engine} and rollout {c.rollout.engine}", "framework",
+                    hint="use 'framework verl' for this trainer and rollout, or 'trainer megatron' and 'rollout sglang'")
     mega = lower(plan, "megatron")
     roll = lower(plan, "sglang")
     script, own, notes = miles_args(plan)

@@ -1,8 +1,8 @@
 """Plan -> a verl job: Hydra overrides for `python -m verl.trainer.main_ppo` and a launch script.
 
-verl is a framework, like Miles, picked when a bundle is run (`pcc run BUNDLE --target verl`),
-so it is not among the targets a contract names (`targets_for`); `lower(plan, "verl")` and
-`lower_all(plan, rep, ("verl",))` give its job or its diagnostics. The tables live in
+verl is a framework, like Miles: a contract names it (`framework verl`), `targets_for` then lowers it
+in place of Miles, so `pcc check` reports what verl cannot run and `pcc compile` writes the job, which
+`pcc run BUNDLE --target verl` launches. The tables live in
 targets/verl.yaml; tests/lower/test_lower_verl.py composes the overrides with verl's own Hydra
 configs and builds verl's config classes from them. verl's rollout does not load pcc's
 converted checkpoint: it syncs the actor's BF16 weights and quantizes them online with one fixed
@@ -162,7 +162,7 @@ def _correction(plan: Plan, over: dict, notes: list[str]) -> None:
     if corr.kind == "tis":
         if corr.low is not None:
             unsupported("PCC628", "verl's TIS truncates the importance weight from above only; 'low' has no "
-                        "verl setting", "correction", hint="drop 'low', or use 'correction mis'")
+                        "verl setting", "correction.low", hint="drop 'low', or use 'correction mis'")
         threshold = f"{hi:g}"
     else:
         lo = corr.low if corr.low is not None else 0.0
@@ -198,15 +198,16 @@ def _lora(plan: Plan, over: dict) -> None:
         partners = [f for f in tab["megatron_lora_fused"].get(name, ()) if any(op.family == f for op in ops)]
         missing = sorted(set(partners) - families)
         if missing:
+            at = next((f"trainable.targets[{i}]" for i, p in enumerate(t.targets) if p in partners), "trainable")
             unsupported("PCC627", f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
-                        f"{', '.join(missing)}, which the contract leaves frozen", "trainable.targets",
+                        f"{', '.join(missing)}, which the contract leaves frozen", at,
                         hint=f"add {', '.join(missing)} to the targets")
     over["actor_rollout_ref.model.lora.rank"] = t.rank
     over["actor_rollout_ref.model.lora.alpha"] = t.alpha
     over["actor_rollout_ref.model.lora.target_modules"] = sorted(names)
 
 
-@target("verl", honours=("trainer", "rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
+@target("verl", honours=("framework", "trainer", "rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
                           "rollout.max_tokens", "correction", "routing_replay", "trainable", "sync"))
 def lower_verl(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
@@ -254,45 +255,3 @@ def launch_script(config: str, args: list[str]) -> str:
             f"cmd=(python3 -m {tables()['entry']} --config-name {q(config)} \\\n  {body})\n"
             'if [ "${PCC_DRY_RUN:-0}" = 1 ]; then printf \'%q \' "${cmd[@]}" "$@"; echo; exit 0; fi\n'
             'exec "${cmd[@]}" "$@"\n')
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m pcc.lower.verl CONTRACT OUT`: write the verl job (verl/overrides.txt, verl/launch.sh)
-    under OUT, or print why verl cannot run the contract (exit 1). Until `pcc run --target verl`
-    is wired, this is the way to a verl job."""
-    import argparse
-    import os
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    from pcc.lang.diagnostics import Reporter
-    from pcc.lower import compile_file, lower_all
-
-    p = argparse.ArgumentParser(prog="python -m pcc.lower.verl", description=main.__doc__)
-    p.add_argument("contract")
-    p.add_argument("out")
-    a = p.parse_args(argv)
-    c = compile_file(a.contract)
-    rep = Reporter()
-    if c.ok:
-        lower_all(c.plan, rep, ("verl",))
-    diags = [d for d in c.diagnostics + rep.diagnostics if d.is_error]
-    if diags or not c.ok:
-        for d in diags:
-            print(d.render(), file=sys.stderr)
-        return 1
-    for rel, text in lower(c.plan, "verl").files.items():
-        dest = Path(a.out) / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".pcc-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if rel.endswith(".sh") else 0o644)
-        os.replace(tmp, dest)
-        print(dest)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
