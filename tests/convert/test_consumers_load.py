@@ -8,13 +8,18 @@ shrunk), no hub access. Each rollout checkpoint is read the way a consumer reads
   lacks, so the test applies those two functions of transformers' loader itself, then `from_pretrained`.
 - INT4 pack-quantized: transformers' `from_pretrained` with `CompressedTensorsConfig(dequantize=True)`, i.e.
   compressed-tensors' own decompression.
+- MXFP4 (gpt-oss, openai/gpt-oss-20b config.json shrunk): transformers' gpt-oss dequantization
+  `convert_moe_packed_tensors` (what its Mxfp4 quantizer runs on a CPU; that quantizer also needs
+  `accelerate`), into `GptOssForCausalLM`'s fused `experts.gate_up_proj` [E, H, 2I] (gate even, up odd columns).
 Each dequantized weight is within the scheme's rounding bound of the BF16 source (computed here from the
 source's own block maxima), and the logits of the loaded model are close to the BF16 model's.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +31,7 @@ from pcc.cli import main
 
 transformers = pytest.importorskip("transformers")
 from transformers.integrations.finegrained_fp8 import Fp8Dequantize  # noqa: E402
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors  # noqa: E402
 from transformers.quantizers.quantizers_utils import should_convert_module  # noqa: E402
 
 QWEN3_MOE = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
@@ -35,14 +41,15 @@ LLAMA3 = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_a
               num_key_value_heads=2, head_dim=64, vocab_size=512, bos_token_id=1, eos_token_id=2)
 
 
-def _convert(tmp_path, src, rules: str, capsys, extra: str = ""):
+def _convert(tmp_path, src, rules: str, capsys, extra: str = "", hw: str = "H100"):
     contract = tmp_path / "c.prec"
-    contract.write_text(f'contract consumer {{\n  model from "{src}"\n  hardware H100\n  rollout sglang {{\n'
-                        f"    {rules}\n  }}\n  trainer megatron {{\n    gemm : bf16\n  }}\n{extra}}}\n", encoding="utf-8")
+    contract.write_text(f'contract consumer {{\n  model from "{src}"\n  hardware {hw}\n  rollout sglang {{\n'
+                        f"    {rules}\n  }}\n  trainer megatron {{\n    gemm : bf16\n  }}\n{extra}}}\n",
+                        encoding="utf-8")
     dst = tmp_path / "rollout"
     code = main(["convert", str(contract), "--source", str(src), "-o", str(dst), "--json"])
-    assert code == 0, capsys.readouterr().err
-    capsys.readouterr()
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
     return dst
 
 
@@ -135,3 +142,97 @@ def test_int4_output_through_compressed_tensors_decompression(tmp_path, capsys):
     got = _logits(dst, quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
     # measured 0.18 of the largest logit (random weights, 4 bits)
     assert (got - ref).abs().max() <= 0.3 * ref.abs().max()
+
+
+def _gpt_oss_source(root):
+    """gpt-oss as OpenAI publishes it (tests/models: fused MXFP4 experts, biases, sinks), random codes and E8M0
+    exponents 2^-9..2^-4."""
+    path = Path(__file__).parents[1] / "models" / "test_models_published.py"
+    spec = importlib.util.spec_from_file_location("published", path)
+    published = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(published)
+    TINY_GPT_OSS, gpt_oss_tensors = published.TINY_GPT_OSS, published.gpt_oss_tensors
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, t in gpt_oss_tensors(TINY_GPT_OSS).items():
+        if name.endswith("_blocks"):
+            tensors[name] = torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=gen)
+        elif name.endswith("_scales"):
+            tensors[name] = torch.randint(118, 124, t.shape, dtype=torch.uint8, generator=gen)
+        else:
+            tensors[name] = (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype)
+    return published._write(root, dict(TINY_GPT_OSS, pad_token_id=0, bos_token_id=1, eos_token_id=1), tensors,
+                            shards=1)
+
+
+def _experts(tensors: dict, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' dequantization of one layer's fused experts: (gate_up [E, H, 2I], down [E, I, H])."""
+    p = f"model.layers.{layer}.mlp.experts."
+    return tuple(convert_moe_packed_tensors(tensors[p + f + "_blocks"], tensors[p + f + "_scales"], dtype=torch.float32)
+                 for f in ("gate_up_proj", "down_proj"))
+
+
+def _gpt_oss_logits(config: dict, tensors: dict, experts: dict) -> torch.Tensor:
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**config)).eval()
+    state = {n: t for n, t in tensors.items() if not n.endswith(("_blocks", "_scales"))}
+    for layer, (gate_up, down) in experts.items():
+        state[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = gate_up
+        state[f"model.layers.{layer}.mlp.experts.down_proj"] = down
+    model.load_state_dict({n: t.float() for n, t in state.items()}, strict=True)
+    ids = torch.randint(0, config["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_mxfp4_output_through_transformers_gpt_oss_dequantization(tmp_path, capsys):
+    """pcc reads OpenAI's layout as transformers does (its BF16 experts equal transformers' dequantization bit for
+    bit), and the MXFP4 checkpoint pcc writes from a BF16 source dequantizes, in transformers, to within MXFP4's
+    rounding of that source: each value at most half a step of the e2m1 grid x its block's E8M0 scale (or its
+    overshoot past 6 x scale), with scales that use the grid (block amax >= 3 x scale)."""
+    src = _gpt_oss_source(tmp_path / "gpt-oss")
+    config = json.loads((src / "config.json").read_text())
+    published = _tensors(src)
+    (tmp_path / "w").mkdir()
+    wide = _tensors(_convert(tmp_path / "w", src, "all : bf16", capsys, "  routing replay rollout\n", "B200"))
+    layers = range(config["num_hidden_layers"])
+    for layer in layers:
+        gate_up, down = _experts(published, layer)
+        for j in range(config["num_local_experts"]):
+            p = f"model.layers.{layer}.mlp.experts.{j}."
+            assert torch.equal(wide[p + "gate_proj.weight"].float(), gate_up[j][:, 0::2].T)
+            assert torch.equal(wide[p + "up_proj.weight"].float(), gate_up[j][:, 1::2].T)
+            assert torch.equal(wide[p + "down_proj.weight"].float(), down[j].T)
+    # A BF16 source that is not MXFP4-exact: pcc's wide values plus noise.
+    gen = torch.Generator().manual_seed(1)
+    noisy = {n: (t.float() + 0.01 * torch.randn(t.shape, generator=gen)).to(torch.bfloat16)
+             if ".experts." in n and n.endswith("_proj.weight") else t for n, t in wide.items()}
+    bf16 = tmp_path / "gpt-oss-bf16"
+    bf16.mkdir()
+    save_file({n: t.contiguous() for n, t in noisy.items()}, str(bf16 / "model.safetensors"), metadata={"format": "pt"})
+    (bf16 / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+    (tmp_path / "q").mkdir()
+    dst = _convert(tmp_path / "q", bf16, "experts : mxfp4", capsys, "  routing replay rollout\n", "B200")
+    written = _tensors(dst)
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    experts = {}
+    for layer in layers:
+        gate_up, down = experts[layer] = _experts(written, layer)
+        p = f"model.layers.{layer}.mlp.experts."
+        scales = {f: torch.exp2(written[p + f + "_scales"].float() - 127)
+                  for f in ("gate_up_proj", "down_proj")}
+        for j in range(config["num_local_experts"]):
+            q = f"{p}{j}."
+            pairs = ((noisy[q + "gate_proj.weight"], gate_up[j][:, 0::2].T, scales["gate_up_proj"][j, 0::2]),
+                     (noisy[q + "up_proj.weight"], gate_up[j][:, 1::2].T, scales["gate_up_proj"][j, 1::2]),
+                     (noisy[q + "down_proj.weight"], down[j].T, scales["down_proj"][j]))
+            for x, got, scale in pairs:
+                x, s = x.float(), scale.repeat_interleave(32, dim=-1)
+                v = x.abs() / s
+                step = torch.where(v < 2, 0.25, torch.where(v < 4, 0.5, 1.0))
+                assert bool(((got - x).abs() <= torch.maximum(step, v - 6) * s).all()), q
+                assert bool((_blocks(x, 1, 32) >= 3 * s).all()), q
+    ref = _gpt_oss_logits(config, published, {layer: _experts(published, layer) for layer in layers})
+    got = _gpt_oss_logits(config, written, experts)
+    # measured 0.022 of the largest logit (the noise added to the source is about one MXFP4 step)
+    assert (got - ref).abs().max() <= 0.1 * ref.abs().max()
