@@ -2,11 +2,13 @@
 
     imported = import_source("checkpoint", "Qwen3-30B-A3B-FP8/", model=None)
     imported.text()         # canonical .prec (pcc.contract.fmt), checked to resolve as the source decides
-    imported.diagnostics    # PCC801-PCC809 (docs/checks.md)
+    imported.diagnostics    # PCC801-PCC810 (docs/checks.md)
 
 Kinds: `checkpoint` (a checkpoint's own quantization config: HF block FP8, compressed-tensors,
-ModelOpt, gpt-oss MXFP4; checkpoint.py) and `miles` (a Miles launch: a script, an argument file
-or a pcc bundle; miles.py). Each source's own matching rules are reproduced (matching.py), the
+ModelOpt, gpt-oss MXFP4; checkpoint.py), `miles` (a Miles launch: a script, an argument file
+or a pcc bundle; miles.py), `verl` (a verl job: a Hydra YAML config, or Hydra overrides in a
+script or an argument file; verl.py) and `te` (a Transformer Engine per-module precision file;
+te.py). Each source's own matching rules are reproduced (matching.py), the
 result is written as pcc rules + exceptions (rules.py), and everything the source says that pcc
 states differently, or cannot state, is a coded warning. docs/import.md.
 """
@@ -18,9 +20,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcc.lang.diagnostics import Diagnostic, PccError
+from pcc.lang.diagnostics import Diagnostic, PccError, Span
 
-KINDS = ("checkpoint", "miles")
+KINDS = ("checkpoint", "miles", "verl", "te")
 
 
 class ImportFailed(PccError):
@@ -30,12 +32,12 @@ class ImportFailed(PccError):
     code = "PCC801"
 
     def __init__(self, message: str, code: str | None = None, path: str | None = None, hint: str | None = None,
-                 file: str | None = None):
+                 file: str | None = None, span: Span | None = None):
         super().__init__(message, code, path, hint)
-        self.file = file
+        self.file, self.span = file, span
 
     def to_diagnostic(self) -> Diagnostic:
-        return Diagnostic(self.code, "error", self.message, None, self.hint, self.path, self.file)
+        return Diagnostic(self.code, "error", self.message, self.span, self.hint, self.path, self.file)
 
 
 @dataclass
@@ -48,8 +50,8 @@ class Imported:
     decided: object = None  # checkpoint imports: what the source decides per operator (checkpoint.Decided)
 
     def warn(self, code: str, message: str, path: str | None = None, hint: str | None = None,
-             file: str | None = None) -> None:
-        self.diagnostics.append(Diagnostic(code, "warning", message, None, hint, path, file or self.source))
+             file: str | None = None, span: Span | None = None) -> None:
+        self.diagnostics.append(Diagnostic(code, "warning", message, span, hint, path, file or self.source))
 
     def text(self) -> str:
         """The canonical .prec text (the formatter's own layout, so `pcc fmt --check` passes)."""
@@ -63,7 +65,8 @@ def contract_name(source: str) -> str:
     """A contract name from the source's file or directory name."""
     p = Path(source)
     stem = p.name if p.is_dir() else p.stem
-    if stem in ("config", "hf_quant_config", "quantization_config", "launch", "args", "miles", ""):
+    if stem in ("config", "hf_quant_config", "quantization_config", "launch", "args", "miles", "overrides",
+                "te_precision", "verl", ""):
         stem = p.resolve().parent.name if not p.is_dir() else stem
     slug = re.sub(r"[^A-Za-z0-9_\-]+", "-", stem).strip("-") or "imported"
     return slug if re.match(r"[A-Za-z_]", slug) else f"imported-{slug}"
@@ -91,4 +94,12 @@ def import_source(kind: str, source: str, model: str | None = None, hardware: st
         from pcc.importer.miles import import_miles
 
         return import_miles(source, model, hardware)
+    if kind == "verl":
+        from pcc.importer.verl import import_verl
+
+        return import_verl(source, model, hardware)
+    if kind == "te":
+        from pcc.importer.te import import_te
+
+        return import_te(source, model, hardware)
     raise ImportFailed(f"unknown import kind {kind!r} (known: {', '.join(KINDS)})")

@@ -15,7 +15,7 @@ from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.matching import (FusedDisagreement, SglangModule, ct_classes, ct_match_name,
                                    ct_matched_targets, modelopt_excluded, module_name, module_path_match,
                                    normalized_fp8_ignores, sglang_module, sglang_skipped)
-from pcc.importer.rules import family_patterns, scheme_name, select
+from pcc.importer.rules import component_rules, scheme_name
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
 
@@ -483,23 +483,7 @@ def _expert_entries(imp: Imported, catalog: Catalog, ignored: list[str], entries
 def rollout_rules(imp: Imported, catalog: Catalog, d: Decided) -> None:
     """The rollout block: the most common scheme over whole families, later rules for the others,
     `keep bf16` for the wide operators inside those families; checked exact by resolution."""
-    ops = catalog.operators
-    by_scheme: dict[str, set[int]] = {}
-    for i, s in d.scheme.items():
-        by_scheme.setdefault(s, set()).add(i)
-    rules = []
-    if by_scheme:
-        order = sorted(by_scheme, key=lambda s: (-len(by_scheme[s]), s))
-        families = {ops[i].family for i in d.scheme}
-        scope = {i for i, op in enumerate(ops) if op.family in families}
-        main = order[0]
-        rules.append({"components": ["rollout"], "patterns": family_patterns(catalog, families), "scheme": main})
-        for s in order[1:]:
-            rules.append({"components": ["rollout"], "patterns": select(catalog, by_scheme[s], scope), "scheme": s})
-        wide = scope - set(d.scheme)
-        if wide:
-            rules.append({"components": ["rollout"], "patterns": select(catalog, wide, scope), "scheme": "bf16",
-                          "keep": True})
+    rules = component_rules(catalog, d.scheme, ["rollout"])
     if d.kv:
         rules.append({"components": ["rollout"], "patterns": ["kv_cache"], "scheme": d.kv})
     imp.contract["rollout"] = {"engine": "sglang", "rules": rules}

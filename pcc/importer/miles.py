@@ -12,7 +12,6 @@ through `pcc import checkpoint`'s rules.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import shlex
@@ -24,6 +23,7 @@ from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.checkpoint import Decided, _define, finish, load_model, method_of, rollout_rules
 from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
+from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
 
@@ -32,13 +32,6 @@ SCRIPTS = ("train.py", "train_async.py")
 _RAY = {"--address", "--runtime-env-json", "--runtime-env", "--working-dir", "--submission-id", "--entrypoint-num-cpus",
         "--entrypoint-num-gpus", "--entrypoint-resources", "--metadata-json", "--headers"}
 _TRUE = {"1", "true", "True", "yes"}
-# Megatron's modules per operator family (targets/megatron.yaml `modules`): what a TE precision
-# file's globs see, under decoder.layers.<L>.
-_TE_KEYS = {"fp8_quantization_recipe", "fp4_quantization_recipe"}
-_RECIPE_SCHEME = {"tensorwise": ({"format": "fp8_e4m3", "grouping": {"kind": "tensor"}}, "fp8_tensor"),
-                  "delayed": ({"format": "fp8_e4m3", "grouping": {"kind": "tensor"}, "amax": "delayed"}, "fp8_delayed"),
-                  "mxfp8": ({"format": "mxfp8"}, "mxfp8"),
-                  "nvfp4": ({"format": "nvfp4"}, "nvfp4")}
 _KV = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
 _TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk-delta": "disk"}
 # Contract fields no Miles launch states: written as pcc's defaults, each reported once (PCC808).
@@ -112,7 +105,33 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
     return script, flags, exports
 
 
-class Launch:
+class Flags:
+    """Megatron/Miles flags (flag -> values of its last occurrence) and an environment: what the
+    trainer rules read. verl jobs are translated to these (verl.py), so one reading serves both."""
+
+    def __init__(self, flags: dict[str, list[str]], env: dict[str, str], file: str):
+        self.flags, self.env, self.file = flags, env, file
+        self.te_file: Path | None = None
+
+    def has(self, flag: str) -> bool:
+        return flag in self.flags
+
+    def value(self, flag: str, default: str | None = None) -> str | None:
+        v = self.flags.get(flag)
+        return v[-1] if v else default
+
+    def number(self, flag: str, kind, default=None):
+        v = self.value(flag)
+        if v is None:
+            return default
+        try:
+            return kind(v)
+        except ValueError:
+            raise ImportFailed(f"{self.file}: {flag} {v!r} is not a{'n integer' if kind is int else ' number'}",
+                               path=flag, file=self.file) from None
+
+
+class Launch(Flags):
     """A launch's flags, environment and the files it points at."""
 
     def __init__(self, source: str):
@@ -168,22 +187,6 @@ class Launch:
             if beside.is_file():
                 self.env.update(_env_vars(read_json(beside, "runtime-env.json"), str(beside)))
 
-    def has(self, flag: str) -> bool:
-        return flag in self.flags
-
-    def value(self, flag: str, default: str | None = None) -> str | None:
-        v = self.flags.get(flag)
-        return v[-1] if v else default
-
-    def number(self, flag: str, kind, default=None):
-        v = self.value(flag)
-        if v is None:
-            return default
-        try:
-            return kind(v)
-        except ValueError:
-            raise ImportFailed(f"{self.file}: {flag} {v!r} is not a{'n integer' if kind is int else ' number'}",
-                               path=flag, file=self.file) from None
 
 
 def _env_vars(doc: dict, file: str) -> dict[str, str]:
@@ -273,7 +276,7 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
     t: dict = {"engine": "megatron"}
     if launch.value("--transformer-impl", "transformer_engine") != "transformer_engine":
         t["impl"] = launch.value("--transformer-impl")
-    t["rules"] = _trainer_rules(imp, launch, catalog)
+    t["rules"] = trainer_rules(imp, launch, catalog)
     # Miles sets args.bf16 = not args.fp16 (miles/backends/megatron_utils/arguments.py)
     t["params"] = "fp16" if launch.has("--fp16") else "bf16"
     for key, flag in (("master", "--main-params-dtype"), ("moments", "--exp-avg-dtype"), ("grads", "--main-grads-dtype")):
@@ -310,7 +313,7 @@ def _te_ops(catalog: Catalog) -> list[int]:
     return [i for i, op in enumerate(catalog.operators) if op.family in LINEAR]
 
 
-def _trainer_rules(imp: Imported, launch: Launch, catalog: Catalog) -> list[dict]:
+def trainer_rules(imp: Imported, launch: Flags, catalog: Catalog) -> list[dict]:
     """Trainer GEMM rules from the recipe flags, the backward override, the layer exceptions or the
     TE precision file, and INT4 QAT's environment."""
     rules: list[dict] = []
@@ -326,22 +329,8 @@ def _trainer_rules(imp: Imported, launch: Launch, catalog: Catalog) -> list[dict
             imp.warn("PCC804", "--fp8-format hybrid: E5M2 gradients; the imported schemes state E4M3 (write "
                      "gradients fp8_e5m2 by hand if you rely on it)", "--fp8-format")
     if recipe is not None:
-        if recipe == "blockwise":
-            fp32 = launch.env.get("NVTE_FP8_BLOCK_SCALING_FP32_SCALES")
-            if fp32 is None:
-                imp.warn("PCC808", "--fp8-recipe blockwise without NVTE_FP8_BLOCK_SCALING_FP32_SCALES: Miles chooses the "
-                         "scale dtype by GPU (FP32 below SM100); the contract states FP32 scales", "env")
-            spec = {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 128, "cols": 128},
-                    "activations": {"kind": "tile", "rows": 1, "cols": 128}}
-            stem = "fp8_block"
-            if fp32 not in (None, "1"):
-                spec["scale"], stem = "pow2", "fp8_block_pow2"
-        elif recipe in _RECIPE_SCHEME:
-            spec, stem = _RECIPE_SCHEME[recipe]
-        else:
-            raise ImportFailed(f"{launch.file}: --fp8-recipe {recipe}: pcc imports tensorwise, delayed, blockwise, mxfp8",
-                               path="--fp8-recipe", file=launch.file)
-        name = _define(imp, spec, stem)
+        name = recipe_scheme(imp, recipe, launch.env.get(BLOCK_FP32_ENV),
+                             "--fp4-recipe" if launch.value("--fp4-format") else "--fp8-recipe")
         chosen = _te_quantized(imp, launch, catalog, recipe)
         high = launch.env.get("NVTE_BACKWARD_OVERRIDE") == "high_precision"
         comps = ["fprop"] if high else ["fprop", "dgrad", "wgrad"]
@@ -375,7 +364,7 @@ def _trainer_rules(imp: Imported, launch: Launch, catalog: Catalog) -> list[dict
                          f"{', '.join(map(str, sorted(roll)))}: trainer QAT and rollout quantize differently "
                          "(pcc check reports it as PCC403)", "OPEN_TRAINING_INT4_GROUP_SIZE")
     for var in sorted(launch.env):
-        if var.startswith("NVTE_") and var not in ("NVTE_FP8_BLOCK_SCALING_FP32_SCALES", "NVTE_BACKWARD_OVERRIDE"):
+        if var.startswith("NVTE_") and var not in (BLOCK_FP32_ENV, "NVTE_BACKWARD_OVERRIDE"):
             imp.warn("PCC807", f"{var}={launch.env[var]}: a Transformer Engine switch pcc has no field for", var)
     if launch.env.get("NVTE_BACKWARD_OVERRIDE") not in (None, "high_precision"):
         imp.warn("PCC807", f"NVTE_BACKWARD_OVERRIDE={launch.env['NVTE_BACKWARD_OVERRIDE']}: pcc states a wide backward "
@@ -398,7 +387,7 @@ def _is_int4(imp: Imported, name: str) -> bool:
     return s is not None and s.format == "int4"
 
 
-def _te_quantized(imp: Imported, launch: Launch, catalog: Catalog, recipe: str) -> set[int]:
+def _te_quantized(imp: Imported, launch: Flags, catalog: Catalog, recipe: str) -> set[int]:
     """The TE operators the recipe runs: all of them, all but the first/last layers, or what the
     precision file's first matching glob gives each Megatron module."""
     ops = catalog.operators
@@ -413,14 +402,9 @@ def _te_quantized(imp: Imported, launch: Launch, catalog: Catalog, recipe: str) 
     return set(te)
 
 
-def _megatron_paths(op) -> list[str]:
-    from pcc.lower.megatron import tables
-
-    return [f"decoder.layers.{op.layer}.{m}".replace("*", "0") for m in tables()["modules"].get(op.family, [])]
-
-
-def _precision_file(imp: Imported, launch: Launch, catalog: Catalog, recipe: str) -> set[int]:
-    """megatron.core's precision config: named configs, ordered glob matchers, first match wins."""
+def _precision_file(imp: Imported, launch: Flags, catalog: Catalog, recipe: str) -> set[int]:
+    """The operators the launch's TE precision file quantizes (te.py reads it as megatron-core
+    does): a module no matcher decides runs the launch's recipe too."""
     given = launch.value("--te-precision-config-file")
     path = launch.te_file
     if path is None:
@@ -432,38 +416,13 @@ def _precision_file(imp: Imported, launch: Launch, catalog: Catalog, recipe: str
     if path is None:
         raise ImportFailed(f"{launch.file}: --te-precision-config-file {given}: no such file beside the launch",
                            path="--te-precision-config-file", file=launch.file)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ImportFailed(f"{path}: unreadable TE precision file ({exc})", file=str(path)) from None
-    configs, matchers = (doc or {}).get("configs") or {}, (doc or {}).get("matchers") or {}
-    quant: dict[str, bool] = {}
-    for name, cfg in configs.items():
-        tr = (cfg or {}).get("training_recipe") or {}
-        unknown = set(tr) - _TE_KEYS
-        if unknown:
-            imp.warn("PCC807", f"{path}: config {name} sets {', '.join(sorted(unknown))}, which pcc has no field for",
-                     f"configs.{name}", file=str(path))
-        quant[name] = bool(set(tr) & _TE_KEYS)
-    ordered = [(k, m) for k, m in matchers.items() if (m or {}).get("enabled", True)]
-    used: set[str] = set()
-    chosen: set[int] = set()
-    for k, m in ordered:
-        if m.get("type", "glob") != "glob":
-            raise ImportFailed(f"{path}: matcher {k} has type {m.get('type')!r}; pcc reads glob matchers",
-                               file=str(path))
-    for i in _te_ops(catalog):
-        for module in _megatron_paths(catalog.operators[i]):
-            first = next((k for k, m in ordered if fnmatch.fnmatchcase(module, str(m.get("pattern")))), None)
-            if first is not None:
-                used.add(first)
-                if quant.get(matchers[first].get("config"), False):
-                    chosen.add(i)
-    for k, _ in ordered:
-        if k not in used:
-            imp.warn("PCC802", f"{path}: matcher {k} ({matchers[k].get('pattern')!r}) decides no module of "
-                     f"{catalog.name} (an earlier matcher takes them, or none exists)", f"matchers.{k}", file=str(path))
-    return chosen
+    by_op = decide(read_precision_file(str(path), imp), imp, catalog)
+    other = sorted({r for r in by_op.values() if r not in (None, UNMATCHED, recipe)})
+    if other:
+        imp.warn("PCC804", f"{path}: modules run {', '.join(other)} by the precision file while the launch's recipe is "
+                 f"{recipe}; the contract states {recipe} for every quantized module", "--te-precision-config-file",
+                 file=str(path))
+    return {i for i, r in by_op.items() if r is not None}
 
 
 def _sync_and_objective(imp: Imported, launch: Launch, catalog: Catalog) -> None:
@@ -519,13 +478,13 @@ def _sync_and_objective(imp: Imported, launch: Launch, catalog: Catalog) -> None
         drop = launch.number("--lora-dropout", float, 0.0)
         if drop:
             t["dropout"] = drop
-        t["targets"] = _lora_targets(imp, catalog, mods)
+        t["targets"] = lora_targets(imp, catalog, mods)
         c["trainable"] = t
     else:
         c["trainable"] = {"kind": "all"}
 
 
-def _lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
+def lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
     """Miles matches LoRA targets by module name (the last dotted part): those operators as patterns."""
     if mods == "all-linear":
         return ["linear"]

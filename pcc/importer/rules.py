@@ -97,3 +97,26 @@ def selected(catalog: Catalog, patterns: list[str]) -> set[int]:
             elif op.family in p.families:
                 out.add(i)
     return out
+
+
+def component_rules(catalog: Catalog, decided: dict[int, str], components: list[str]) -> list[dict]:
+    """Rules for `components` deciding exactly `decided` (operator -> scheme name; every other
+    operator of those families wide): the most common scheme over whole families, later rules for
+    the other schemes, then `keep bf16` for the wide operators inside those families."""
+    ops = catalog.operators
+    by_scheme: dict[str, set[int]] = defaultdict(set)
+    for i, s in decided.items():
+        by_scheme[s].add(i)
+    if not by_scheme:
+        return []
+    order = sorted(by_scheme, key=lambda s: (-len(by_scheme[s]), s))
+    families = {ops[i].family for i in decided}
+    scope = {i for i, op in enumerate(ops) if op.family in families}
+    rules = [{"components": list(components), "patterns": family_patterns(catalog, families), "scheme": order[0]}]
+    for s in order[1:]:
+        rules.append({"components": list(components), "patterns": select(catalog, by_scheme[s], scope), "scheme": s})
+    wide = scope - set(decided)
+    if wide:
+        rules.append({"components": list(components), "patterns": select(catalog, wide, scope), "scheme": "bf16",
+                      "keep": True})
+    return rules

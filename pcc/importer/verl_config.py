@@ -1,0 +1,78 @@
+"""verl's own configs, to check a job's keys: the Hydra configs `main_ppo` composes
+(`ppo_trainer`, `ppo_megatron_trainer`), composed by Hydra in a child process with verl's side
+folder on its path (pcc.lower.verify_verl's engine_dir), and megatron-core's TransformerConfig
+fields (verl builds a TransformerConfig from actor.megatron.override_transformer_config). Asked
+once per process. `parse` answers Hydra's own reading of override strings (the test holds
+verl_source's parser to it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+from pcc.importer.verl_source import CONFIGS
+
+
+@functools.lru_cache(maxsize=1)
+def verl_trees() -> dict:
+    """{"version", "configs": {name: composed tree, interpolations unresolved}, "transformer_fields": [...]}
+    or raises pcc.lower.verify_verl.EngineMissing."""
+    return _ask({"op": "trees"})
+
+
+def hydra_parse(overrides: list[str]) -> list[dict]:
+    """Hydra's OverridesParser on each string: {"key", "type", "value"} or {"error"}."""
+    return _ask({"op": "parse", "overrides": overrides})["parsed"]
+
+
+def _ask(request: dict) -> dict:
+    from pcc.lower.verify_verl import EngineMissing, engine_dir
+
+    where = engine_dir()
+    if not (where / "verl" / "__init__.py").is_file():
+        raise EngineMissing(f"verl is not installed in {where}")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pcc.importer.verl_config"], input=json.dumps({**request, "dir": str(where)}),
+                          capture_output=True, text=True, timeout=600, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise EngineMissing(f"verl's configs could not be read (exit {proc.returncode}): {proc.stderr.strip()[-1000:]}")
+    return json.loads(lines[-1])
+
+
+def _child(request: dict) -> dict:
+    sys.path.append(request["dir"])
+    if request["op"] == "parse":
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser, out = OverridesParser.create(), []
+        for text in request["overrides"]:
+            try:
+                o = parser.parse_override(text)
+                out.append({"key": o.key_or_group, "type": o.type.name, "value": o.value()})
+            except Exception as exc:  # Hydra's own verdict on the string, reported to the caller
+                out.append({"error": f"{type(exc).__name__}: {exc}"})
+        return {"parsed": out}
+    import dataclasses
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from omegaconf import OmegaConf
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    trees = {}
+    for name in CONFIGS:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            trees[name] = OmegaConf.to_container(compose(config_name=name), resolve=False)
+    return {"version": verl.__version__, "configs": trees,
+            "transformer_fields": sorted(f.name for f in dataclasses.fields(TransformerConfig))}
+
+
+if __name__ == "__main__":
+    result = _child(json.loads(sys.stdin.read()))
+    sys.stdout.write("\n" + json.dumps(result, default=str) + "\n")

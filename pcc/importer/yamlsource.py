@@ -1,0 +1,71 @@
+"""Safe YAML with positions: a source's values and where each one is written, so that every
+diagnostic about a YAML source (a verl job, a TE precision file) carries file:line:col.
+
+Only YAML's safe constructors run (no tags that build objects); a syntax error, a duplicate key
+or a non-scalar key is a positioned PCC801.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from pcc.importer import ImportFailed
+from pcc.lang.diagnostics import Span
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise ImportFailed(f"{path}: no such file ({what})", file=path) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImportFailed(f"{path}: unreadable {what} ({exc})", file=path) from None
+
+
+def span_at(file: str, mark) -> Span:
+    return Span(file, mark.line + 1, mark.column + 1)
+
+
+def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
+    """(the document as plain Python values, dotted path -> Span of its value; list items `a[0]`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise ImportFailed(f"{file}: not valid YAML ({what}): {exc.problem or exc.context}", file=file,
+                           span=span_at(file, mark) if mark else None) from None
+    except yaml.YAMLError as exc:
+        raise ImportFailed(f"{file}: not valid YAML ({what}): {exc}", file=file) from None
+    finally:
+        loader.dispose()
+    spans: dict[str, Span] = {}
+    if node is None:
+        return None, spans
+
+    def walk(n, path: str):
+        spans[path] = span_at(file, n.start_mark)
+        if isinstance(n, yaml.MappingNode):
+            loader.flatten_mapping(n)  # YAML merge keys (<<), as the safe loader reads them
+            out = {}
+            for k, v in n.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    raise ImportFailed(f"{file}: a mapping key must be a scalar ({what})", file=file,
+                                       span=span_at(file, k.start_mark))
+                key = str(loader.construct_object(k))
+                if key in out:
+                    raise ImportFailed(f"{file}: key {key!r} written twice (YAML keeps one silently)", file=file,
+                                       span=span_at(file, k.start_mark), path=f"{path}.{key}".lstrip("."))
+                sub = f"{path}.{key}" if path else key
+                spans[sub + "@key"] = span_at(file, k.start_mark)
+                out[key] = walk(v, sub)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(n.value)]
+        try:
+            return loader.construct_object(n)
+        except yaml.constructor.ConstructorError as exc:
+            raise ImportFailed(f"{file}: {exc.problem} ({what})", file=file, span=span_at(file, n.start_mark)) from None
+
+    return walk(node, ""), spans
