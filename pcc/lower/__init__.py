@@ -70,6 +70,7 @@ class Target:
 # name -> module; a module registers its target with @target(name, honours=...) when imported.
 TARGET_MODULES = {
     "megatron": "pcc.lower.megatron",
+    "fsdp": "pcc.lower.fsdp",
     "sglang": "pcc.lower.sglang",
     "vllm": "pcc.lower.vllm",
     "converter": "pcc.lower.converter",
@@ -102,8 +103,8 @@ def targets_for(plan: Plan) -> tuple[str, ...]:
     the one it names, else Miles for Megatron + SGLang)."""
     c = plan.contract
     names = [c.rollout.engine]
-    if c.trainer.engine == "megatron":
-        names.append("megatron")
+    if not (c.trainer.engine == "fsdp" and c.runs_on == "verl"):  # verl configures its own FSDP actor
+        names.append(c.trainer.engine)
     names += ["converter", "expectations"]
     if c.runs_on is not None:
         names.append(c.runs_on)
@@ -133,11 +134,6 @@ def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -
     """Lower every target `names` (default: the contract's); what a target cannot express goes to
     `rep` as a diagnostic positioned on the contract path that asked for it."""
     out, seen = {}, set()
-    if names is None and plan.contract.trainer.engine not in TARGET_MODULES and plan.contract.runs_on != "verl":
-        rep.warning("PCC611", f"no target lowers 'trainer {plan.contract.trainer.engine}': the bundle carries no "
-                    "trainer arguments, and its trainer precision is checked but not emitted",
-                    plan.smap.find("trainer"), path="trainer",
-                    hint="use 'trainer megatron' for a runnable trainer launch")
     for name in targets_for(plan) if names is None else names:
         try:
             out[name] = lower(plan, name)

@@ -139,9 +139,8 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if t.engine == "megatron" and t.impl == "local":
         real |= {d.scheme.format for comp in ("fprop", "dgrad", "wgrad") for d, _ in plan.used(comp)
                  if d.scheme.format not in ("int4", "int8") and not d.scheme.wide}  # QDQ of these formats is TE's too
-    if real and (t.engine == "fsdp" or t.impl == "local"):
-        where = "the FSDP trainer" if t.engine == "fsdp" else "'impl local'"
-        rep.error("PCC303", f"real {', '.join(sorted(real))} trainer GEMMs need Transformer Engine; {where} has none",
+    if real and t.engine == "megatron" and t.impl == "local":  # the FSDP trainer's are torchao's (pcc.lower.fsdp)
+        rep.error("PCC303", f"real {', '.join(sorted(real))} trainer GEMMs need Transformer Engine; 'impl local' has none",
                   smap.find("trainer"), path="trainer",
                   hint="use 'trainer megatron' with 'impl transformer_engine', or 'qdq' GEMMs")
     opt = t.optimizer
@@ -344,10 +343,6 @@ def mismatch_regime(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                     "drift from 8K tokens and collapse at 16K", smap.find("rollout.max_tokens"),
                     path="rollout.max_tokens", hint="quantize trainer FProp to match rollout (Unified FP8), or "
                     "shorten rollouts")
-    if c.trainer.engine == "fsdp" and _rollout_formats(plan):
-        rep.error("PCC408", "an FSDP trainer loads its weights from the rollout checkpoint: with a quantized "
-                  "rollout both sides would load the quantized weights", smap.find("trainer"), path="trainer",
-                  hint="use 'trainer megatron' (it loads the BF16 weights separately)")
     if c.sync.moves == "full_weights" and _rollout_formats(plan) and c.sync.interval == 1:
         params = plan.params
         if params < SMALL_MODEL_PARAMS:
