@@ -62,7 +62,8 @@ def resolve(plan, src, calibrate: bool | None, tokens_file: str | None = None) -
 
     from pcc.runtime.calibrate import static_targets
 
-    names = sorted(static_targets(plan).values())
+    targets = static_targets(plan)
+    names = sorted(targets.values())
     out = InputScales()
     if not names:
         return out
@@ -83,10 +84,25 @@ def resolve(plan, src, calibrate: bool | None, tokens_file: str | None = None) -
             out.calibrated = len(missing)
         else:
             out.values.update({n: torch.full((), UNCALIBRATED, dtype=torch.float32) for n in missing})
-    out.values = {n: out.values[n] for n in names}
+    out.values = shared(plan, targets, {n: out.values[n] for n in names})
     out.uncalibrated = [n for n in names if float(out.values[n]) == UNCALIBRATED]
     if out.uncalibrated and out.reason is None:
         out.reason = "1.0 carried from the source, or an operator no calibration token reached (amax 0)"
+    return out
+
+
+def shared(plan, targets: dict[str, str], values: dict) -> dict:
+    """`values` (input_scale name -> scale) with every NVFP4 scale group's members set to the group's
+    largest: a fused linear quantizes its one input with one scale (ModelOpt's export takes the max
+    amax over linears sharing an input; SGLang's and vLLM's loaders the max of the members').
+    `targets`: operator tensor -> its input_scale name; a group with a member missing from `values`
+    is left as it is."""
+    out = dict(values)
+    for t in plan.rollout_tensors:
+        group = (t or {}).get("scale_group")
+        if group and all(targets[m] in values for m in group):
+            top = max((values[targets[m]] for m in group), key=float)
+            out.update({targets[m]: top for m in group})
     return out
 
 

@@ -275,16 +275,17 @@ def _has_e4m3_nan(t) -> bool:
     return False
 
 
-def rollout_of(plan, i: int, loaded) -> dict:
+def rollout_of(plan, i: int, loaded, amax=None) -> dict:
     """Operator i's rollout tensors from what the source holds: a plain tensor goes through
     `rollout_tensors`; an encoded one is copied when its encoding is the rollout scheme's, else
     dequantized (float32) and quantized again, or, kept wide, written as its BF16 rounding. The one
-    function `pcc convert` writes with and `pcc verify-checkpoint --source` checks against."""
+    function `pcc convert` writes with and `pcc verify-checkpoint --source` checks against. `amax`:
+    an NVFP4 scale group's (`rollout_tensors`)."""
     from pcc.layout.tensors import rollout_tensors
     from pcc.lower.converter import tensor_targets
 
     if not isinstance(loaded, Encoded):
-        return rollout_tensors(plan, i, loaded)
+        return rollout_tensors(plan, i, loaded, amax=amax)
     t = tensor_targets(plan, i)
     if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]):
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])
@@ -293,4 +294,4 @@ def rollout_of(plan, i: int, loaded) -> dict:
 
         (name, want), = t["targets"].items()
         return {name: loaded.dequantize(getattr(torch, want["dtype"]))}
-    return rollout_tensors(plan, i, loaded.dequantize())
+    return rollout_tensors(plan, i, loaded.dequantize(), amax=amax)

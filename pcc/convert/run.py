@@ -36,6 +36,7 @@ _READ_BUFFERS = 4  # source tensors in flight: two queued, one being computed, o
 # Tensors written as stored (kept wide, or copied) move in pieces of at most this many bytes.
 PIECE_BYTES = 64 << 20
 _ST_TORCH = {v: k for k, v in ST_DTYPES.items()}  # safetensors dtype -> the plan's torch name
+_GLOBAL_SCALE = ("fp8_tensor", "nvfp4")  # layouts whose scale needs a whole-tensor (or group) amax
 
 
 def partial_dir(dst: Path) -> Path:
@@ -102,7 +103,10 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     A fused target is written once its last part has been computed. A source `input_scale` the plan
     also lists as an operator's target is written there (carried over), not copied a second time.
     `copy`: written as stored, in pieces; `rows`: quantized in row pieces of a multiple of this many
-    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows)."""
+    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows);
+    `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
+    quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale)."""
+    from pcc.convert.quantized import copies
     from pcc.layout.tensors import piece_rows
 
     items, order, seen = [], [], {}
@@ -124,6 +128,11 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
         stored = src.stored(e["source"]) and src.entries[e["source"]]["dtype"] in _WIDE_SOURCE
         item["rows"] = (piece_rows(plan, plan.index[e["source"]]) if stored and not item["copy"] and "fuse" not in e
                         and src.nbytes(e["source"]) > PIECE_BYTES else None)
+        layout = doc["recipes"][e["recipe"]]["layout"]
+        enc = src.view.encodings.get(e["source"])
+        requantized = enc is not None and not copies(enc, plan.scheme("rollout", plan.index[e["source"]]), layout)
+        item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout in _GLOBAL_SCALE
+                           and (stored or requantized) and ("scale_group" in e or item["rows"]) else None)
         items.append(item)
     for e in doc["copied"]:
         name = e["source"]
@@ -131,7 +140,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
             continue
         entry = src.entries[name]
         items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True,
-                      "rows": None})
+                      "rows": None, "members": None})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
 
@@ -172,11 +181,16 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 continue
 
     buffers = _Buffers(_READ_BUFFERS, stop)
+    amaxes: dict[tuple, object] = {}  # scale members -> their amax (a group's, computed at its first member)
 
     def reader():
         try:
             for it in todo:
                 name, buf = it["source"], None
+                if it["members"] is not None:
+                    if it["members"] not in amaxes:
+                        amaxes[it["members"]] = _amax(src, it["members"], buffers)
+                    it["amax"] = amaxes[it["members"]]
                 if it["copy"]:  # written as stored: in pieces of at most PIECE_BYTES
                     count = math.prod(src.entries[name]["shape"])
                     step = max(1, PIECE_BYTES // ST_BYTES[src.entries[name]["dtype"]])
@@ -260,7 +274,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 continue
             if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
                 r0, rows, final = tensor
-                got = _rows_piece(plan, src, it, r0, rows)
+                got = {n: input_scales.get(n, t) for n, t in _rows_piece(plan, src, it, r0, rows).items()}
                 buffers.give(buf)
                 names = list(got)
                 if writer.wanted(names[0]):
@@ -342,9 +356,38 @@ def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
 
     file = src.file_of(it["source"])
     try:
-        return rollout_tensors(plan, plan.index[it["source"]], rows, rows=slice(r0, r0 + rows.shape[0]))
+        return rollout_tensors(plan, plan.index[it["source"]], rows, rows=slice(r0, r0 + rows.shape[0]),
+                               amax=it.get("amax"))
     except ValueError as err:
         raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + rows.shape[0]})") from None
+
+
+def _amax(src: Source, members: tuple, buffers: "_Buffers"):
+    """max |w| over the weights `members` as they are quantized (a stored one read in row pieces of
+    about PIECE_BYTES, a quantized source's dequantized): the amax of one global scale."""
+    import torch
+
+    from pcc.numerics import tensor_amax
+
+    found = []
+    for name in members:
+        try:
+            if not src.stored(name):
+                found.append(tensor_amax(src.read(name).dequantize(), name))
+                continue
+            nrows, *rest = src.entries[name]["shape"]
+            width = math.prod(rest)
+            row_bytes = width * ST_BYTES[src.entries[name]["dtype"]]
+            step = max(1, PIECE_BYTES // max(row_bytes, 1))
+            for r0 in range(0, nrows, step):
+                n = min(step, nrows - r0)
+                buf = buffers.take(n * row_bytes)
+                found.append(tensor_amax(src.load_piece(name, r0 * width, n * width, into=buf), name))
+                if buf is not None:
+                    buffers.give(buf)
+        except ValueError as err:
+            raise ConvertError(f"{src.file_of(name)}: {err}") from None
+    return torch.stack(found).amax()
 
 
 def _shares(t, buf) -> bool:
@@ -358,25 +401,25 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
     import torch
 
     from pcc.convert.quantized import Encoded, rollout_of
+    from pcc.lower.converter import tensor_targets
 
     file = src.file_of(it["source"])
     if it["op"] is None:
         _check_finite(tensor, it["source"], file)
         return [(it["source"], tensor)]
     op = plan.catalog.operators[plan.index[it["source"]]]
+    wide = tensor_targets(plan, plan.index[it["source"]])["layout"] == "wide"
+    if not isinstance(tensor, Encoded) and not wide and src.entries[it["source"]]["dtype"] not in _WIDE_SOURCE:
+        entry = src.entries[it["source"]]
+        raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     try:
-        pieces = rollout_of(plan, plan.index[it["source"]], tensor)
+        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"))
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
     except ConvertError as err:
         raise ConvertError(f"{file}: {err}") from None
-    if isinstance(tensor, Encoded):
-        pass  # dequantized values are checked finite as they are computed, copied scales as they are copied
-    elif len(pieces) == 1 and next(iter(pieces.values())) is tensor:
+    if not isinstance(tensor, Encoded) and wide:  # (a quantized source's values are checked as dequantized)
         _check_finite(tensor, it["source"], file)
-    elif src.entries[it["source"]]["dtype"] not in _WIDE_SOURCE:
-        entry = src.entries[it["source"]]
-        raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     pieces = {n: input_scales.get(n, t) for n, t in pieces.items()}
     if it["fuse"] is None:
         return list(pieces.items())

@@ -146,9 +146,17 @@ def _sample(doc: dict, full: bool) -> list[int]:
 def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     import torch
 
+    from pcc.convert.calibration import shared
     from pcc.convert.quantized import Encoded, rollout_of
+    from pcc.layout.tensors import group_amax
+    from pcc.runtime.calibrate import static_targets
 
     index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
+    carried = {}  # the source's input scales as convert writes them: each fused group's at its largest
+    if src is not None:
+        targets = static_targets(plan)
+        carried = shared(plan, targets, {n: src.load(n).float().reshape(-1)[0] for n in targets.values()
+                                         if n in src.where})
     checked = 0
     for k in _sample(doc, full):
         e = doc["tensors"][k]
@@ -162,10 +170,10 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
         if src is not None:
             loaded = src.read(e["source"])  # a quantized source's weight: compared with its dequantized value
             x = loaded.dequantize() if isinstance(loaded, Encoded) else loaded
-            mine = rollout_of(plan, i, loaded)
+            mine = rollout_of(plan, i, loaded, amax=group_amax(plan, i, src.weight))
             for name, t in mine.items():
                 if name.endswith(".input_scale") and layout == "nvfp4":
-                    have = src.load(name).float().reshape(-1)[0] if name in src.where else written[name]
+                    have = carried.get(name, written[name])
                     if float(written[name]) != float(have):  # a source's scale is carried over unchanged
                         report(fam, name, f"{float(written[name])}, the source's input_scale is {float(have)}")
                         break

@@ -16,8 +16,6 @@ from pcc.plan import Plan
 from pcc.plan.tensors import layout_of, sync_size
 
 BUCKET_BYTES = 512 << 20  # Miles' --update-weight-buffer-size default
-
-BUCKET_BYTES = 512 << 20  # Miles' --update-weight-buffer-size default
 _COLUMN = ("attn.q", "attn.kv", "mlp.gate_up", "shared_experts.gate_up", "embed", "lm_head")
 _ROW = ("attn.o", "mlp.down", "shared_experts.down")
 
@@ -97,8 +95,9 @@ def converter_plan(plan: Plan) -> dict:
             recipes[rid] = {"scheme": scheme, "layout": t["layout"], "shard": _shard(plan, op.family, spec, op.shape),
                             "steps": _steps(t["layout"], "fuse" in t, moves, i in trainable)}
         entry = {"source": op.tensor, "recipe": rid, "targets": t["targets"]}
-        if "fuse" in t:
-            entry["fuse"] = t["fuse"]
+        for key in ("fuse", "scale_group"):
+            if key in t:
+                entry[key] = t[key]
         if t["layout"] == "wide":
             skip.append(op.tensor)
         if moves == "full_weights":

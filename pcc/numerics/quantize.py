@@ -304,7 +304,10 @@ def _e8m0_scale(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: flo
 
 def _nvfp4_outer(g: torch.Tensor) -> torch.Tensor:
     """NVFP4's encode factor S_enc = 448*6 / amax(tensor), 1.0 if that is 0 (TransformerEngine)."""
-    s_enc = (fm.E4M3.max * fm.E2M1.max / g).clamp(max=fm.FLT_MAX)
+    # a tensor numerator: `2688 / g` with a Python float is computed as g.reciprocal() * 2688, an ulp off
+    # the float32 quotient TransformerEngine divides for about a quarter of amaxes
+    top = torch.tensor(fm.E4M3.max * fm.E2M1.max, dtype=torch.float32, device=g.device)
+    s_enc = torch.div(top, g).clamp(max=fm.FLT_MAX)
     return torch.where((g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
 
 
@@ -393,11 +396,36 @@ def _over_rows(t: torch.Tensor, r: int, reduce: Callable) -> torch.Tensor:
     return reduce(t.view(-1, r, t.shape[-1]), dim=1)
 
 
+def tensor_amax(x: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """max |x| as a float32 scalar, read in row chunks on the chunk workers: the whole-tensor amax that
+    tensor scaling and NVFP4's outer scale need, computed a piece at a time (the max of the pieces'
+    amaxes is the tensor's, exactly) or over the members of a fused group. Raises ValueError naming
+    `name` if `x` holds NaN or inf."""
+    if not x.is_floating_point():
+        raise ValueError(f"{name or 'tensor'}: quantize needs a floating tensor, got {x.dtype}")
+    geo = geometry(x.shape, Grouping.model_validate({"kind": "row"}))
+    x2 = x.reshape(-1, geo.cols)
+    parts = geo.row_slices(x2.shape[0])
+    found: list = [None] * len(parts)
+
+    def scan(k):
+        found[k] = _stats(geo.blocked(x2[parts[k]]), False)[0].amax()
+
+    run_chunks(scan, range(len(parts)))
+    g = torch.stack(found).amax()
+    if not bool(torch.isfinite(g)):
+        raise ValueError(f"{name or 'tensor'}: NaN or inf in the tensor; refusing to compute a scale from it")
+    return g
+
+
 def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight", name: str | None = None,
-             generator: torch.Generator | None = None) -> Quantized:
+             generator: torch.Generator | None = None, amax: torch.Tensor | None = None) -> Quantized:
     """Quantize `x` as `scheme` prescribes for `role`; `generator` feeds stochastic rounding.
 
-    Raises ValueError naming `name` and the scale block if `x` holds NaN or inf.
+    `amax` (tensor scaling and NVFP4's outer scale, symmetric schemes): the whole-tensor amax to use
+    instead of x's own (`tensor_amax`, which refuses NaN/inf): of the whole weight when `x` is rows of
+    it, so the pieces are the whole tensor's codes and scales, or of a fused group that shares one
+    global scale. Raises ValueError naming `name` and the scale block if `x` holds NaN or inf.
     """
     scheme = _as_scheme(scheme)
     if scheme.passthrough:
@@ -423,7 +451,16 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     # A whole-tensor amax first where the scale needs one: tensor scaling, NVFP4's outer scale.
     whole = grouping.kind == "tensor"
     outer = None
-    if whole or scheme.format == "nvfp4":
+    if amax is not None:
+        if signed or not (whole or scheme.format == "nvfp4"):
+            raise ValueError(f"{name or 'tensor'}: a given amax is for symmetric tensor scaling and NVFP4, "
+                             f"not {scheme.text()}")
+        g = amax.to(torch.float32).reshape(())
+        if scheme.format == "nvfp4":
+            outer = _nvfp4_outer(g)
+        if whole:
+            amax, amin = g.reshape(1, 1, 1), (-g).reshape(1, 1, 1)
+    elif whole or scheme.format == "nvfp4":
         parts = geo.row_slices(x2.shape[0])
         found: list = [None] * len(parts)
 

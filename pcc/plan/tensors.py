@@ -7,6 +7,9 @@ Layouts: fp8_block / fp8_tensor / mxfp8 (`weight` + `weight_scale[_inv]`), nvfp4
 packed `weight`, `weight_scale`, `weight_scale_2`, `input_scale`), int4 (compressed-tensors
 pack-quantized), mxfp4 (gpt-oss fused experts), wide (as the source). An operator whose scheme
 has no layout gets None; the targets report that (PCC608, PCC307, PCC205, PCC206).
+
+An NVFP4 operator the engines fuse with others into one GEMM also names its `scale_group`: the
+members that must share one `weight_scale_2` and `input_scale` (`FUSED_PROJECTIONS`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,32 @@ def layout_of(spec: Scheme) -> str | None:
     return None
 
 
+# Projections SGLang and vLLM load into one fused linear, by module name under a common prefix: qkv_proj
+# (QKVParallelLinear), DeepSeek MLA's fused_qkv_a_proj_with_mqa, gate_up_proj (MergedColumnParallelLinear,
+# dense and shared experts) and a routed expert's w13 (HF gate/up and Mixtral's w1/w3). A fused NVFP4 linear
+# has ONE global scale: the linear loaders take the max of the members' weight_scale_2 and input_scale
+# without requantizing the block scales, the MoE loaders keep w13's first (gate's) weight_scale_2
+# ("w1_weight_scale_2 must match w3_weight_scale_2"), so members must share it, as ModelOpt's export
+# makes them (`preprocess_linear_fusion`: one amax, the max over linears that read the same input).
+FUSED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"),
+                     ("gate_proj", "up_proj"), ("w1", "w3"))
+_FUSED_WITH = {m: group for group in FUSED_PROJECTIONS for m in group}
+
+
+def scale_group(plan, i: int) -> tuple[str, ...] | None:
+    """Source tensors of the NVFP4 operators fused with operator i (itself included, catalog order) that
+    share one global scale; None when it is fused with no other NVFP4 operator."""
+    name = plan.catalog.operators[i].tensor
+    prefix, _, rest = name.rpartition(".")[0].rpartition(".")
+    group = _FUSED_WITH.get(rest) if name.endswith(".weight") else None
+    if group is None:
+        return None
+    index = plan.index
+    members = [m for m in (f"{prefix}.{part}.weight" for part in group)
+               if m in index and layout_of(plan.scheme("rollout", index[m])) == "nvfp4"]
+    return tuple(sorted(members, key=index.__getitem__)) if len(members) > 1 else None
+
+
 @lru_cache(maxsize=4096)
 def _t(dtype: str, shape: tuple) -> dict:
     """A target's {dtype, shape}; shared between tensors of the same shape, so read-only."""
@@ -65,7 +94,11 @@ def tensor_targets(plan, i: int) -> dict | None:
     key = (layout, g.rows, g.cols, g.size, spec.symmetric) if g is not None else (layout, None, None, None, True)
     targets = {(op.tensor if suffix is None else prefix + suffix): t
                for suffix, t in _template(*key, tuple(op.shape), op.dtype)}
-    return {"layout": layout, "targets": targets}
+    out = {"layout": layout, "targets": targets}
+    group = scale_group(plan, i) if layout == "nvfp4" else None
+    if group is not None:
+        out["scale_group"] = list(group)
+    return out
 
 
 @lru_cache(maxsize=None)

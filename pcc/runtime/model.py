@@ -69,7 +69,8 @@ class Arch:
         if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
             raise ArchError(f"model '{catalog.name}': MoE every n-th layer is not supported by the embedded runtime")
         heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
-        experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or 0
+        # every key transformers writes: DeepSeek's, Qwen3-MoE's, and transformers 5's Qwen3-MoE/Mixtral one
+        experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts") or 0
         dense = tuple(i for i in range(layers) if i < cfg.get("first_k_dense_replace", 0)
                       or i in cfg.get("mlp_only_layers", ())) if experts else ()
         mla = cfg.get("kv_lora_rank") is not None

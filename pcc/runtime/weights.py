@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from pcc.layout.tensors import place_fused, rollout_tensors
+from pcc.layout.tensors import group_amax, place_fused, rollout_tensors
 from pcc.lower.converter import tensor_targets
 from pcc.numerics import Quantized
 from pcc.numerics.packing import unpack_int32x8
@@ -32,7 +32,8 @@ def convert_full(plan, weights: dict[str, torch.Tensor], bridge: str = "bf16") -
         if op.family == "kv_cache":
             continue
         entry = tensor_targets(plan, i)
-        pieces = rollout_tensors(plan, i, weights[op.tensor].detach().to(dtype))
+        pieces = rollout_tensors(plan, i, weights[op.tensor].detach().to(dtype),  # fused NVFP4: one global scale
+                                 amax=group_amax(plan, i, lambda name: weights[name].detach().to(dtype)))
         if "fuse" not in entry:
             out.update({k: v.contiguous() for k, v in pieces.items()})
             continue

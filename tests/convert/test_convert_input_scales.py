@@ -108,7 +108,7 @@ def test_small_supported_model_is_calibrated_by_default(source, tmp_path, capsys
     assert all(torch.equal(auto[n], cal[n]) for n in auto if n.endswith(".input_scale"))
 
 
-def test_source_input_scales_are_carried_over_unchanged(source, tmp_path, capsys):
+def test_source_input_scales_are_carried_over_and_shared_by_fused_projections(source, tmp_path, capsys):
     src, written = source
     mine = tmp_path / "modelopt"
     make_checkpoint(mine, "tiny_moe", shards=1)
@@ -127,7 +127,12 @@ def test_source_input_scales_are_carried_over_unchanged(source, tmp_path, capsys
     out = _load(tmp_path / "out")
     for name, value in extra.items():
         assert out[name].dtype == torch.float32 and out[name].shape == ()
-        assert out[name].item() == value.float().item(), name
+        # an expert's gate and up are one fused GEMM with one input scale: the larger of the two carried
+        fused = [name.replace(a, b) for a, b in (("up_proj", "gate_proj"), ("gate_proj", "up_proj"))]
+        want = value.float().item() if "down_proj" in name else max(extra[n].float().item() for n in fused)
+        assert out[name].item() == want, name
+    assert out[EXPERTS.format(1, 2, "gate") + ".input_scale"].item() != extra[EXPERTS.format(1, 2, "gate")
+                                                                             + ".input_scale"].item()
     calibrated = _load(_calibrated(contract, src, tmp_path, capsys))  # same weights, no source scales
     layer2 = [n for n in out if n.startswith("model.layers.2.") and n.endswith(".input_scale")]
     assert layer2 and all(torch.equal(out[n], calibrated[n]) for n in layer2)

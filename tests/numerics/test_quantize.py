@@ -80,6 +80,24 @@ def test_nvfp4_worked_example():
     assert d[0, 17].item() == pytest.approx(3 * 44 / 268.8, rel=1e-6)
 
 
+def test_nvfp4_outer_scale_is_the_float32_quotient_and_a_given_amax_is_used():
+    # S_enc = 2688 / amax divided in float32 (TransformerEngine), for many amaxes: not 2688 * (1 / amax),
+    # which is an ulp off for about a quarter of them
+    amaxes = np.random.default_rng(7).uniform(1e-3, 50, 400).astype(np.float32)
+    for a in amaxes:
+        x = torch.zeros(1, 16)
+        x[0, 3] = float(a)
+        assert quantize(x, "nvfp4").outer_scale.item() == np.float32(2688) / a, a
+    # `amax=`: the scale of a fused group (or of the whole weight, for a piece of it) instead of x's own
+    x = torch.tensor([[1.0, -0.5] + [0.0] * 14])
+    q = quantize(x, "nvfp4", amax=torch.tensor(4.0))
+    assert q.outer_scale.item() == np.float32(2688) / np.float32(4)
+    assert q.scales.float().item() == 112.0  # e4m3(1 * 672 / 6)
+    assert q.dequantize()[0, :2].tolist() == pytest.approx([1.0, -0.5], rel=1e-6)
+    with pytest.raises(ValueError, match="a given amax"):
+        quantize(x, "fp8_block", amax=torch.tensor(4.0))
+
+
 def test_fp8_block_scale_shapes_and_partial_edges():
     # scales are [ceil(N/128), ceil(K/128)]; an edge block's scale is the amax of its real elements / 448
     w = torch.randn(300, 200)

@@ -1,0 +1,192 @@
+"""NVFP4 as the loaders read it: projections an engine fuses into one GEMM share one global scale.
+
+SGLang's and vLLM's fused MoE keep only w13's first `weight_scale_2` (gate's), their linear loaders the
+max of the members' without requantizing the block scales; ModelOpt's export gives the members one amax.
+The reference here is the NVFP4 definition worked by hand with numpy and ml_dtypes (float4_e2m1fn,
+float8_e4m3fn), with the group's amax taken from the source weights, never from pcc.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from convert_helpers import make_checkpoint
+from safetensors import safe_open
+
+from pcc.cli import main
+from pcc.lower import compile_file
+
+RULES = {"tiny_moe": "linear : nvfp4\n    keep bf16 : embed, lm_head, router, norm",
+         "tiny_shared_moe": "linear : nvfp4\n    keep bf16 : embed, lm_head, router, norm"}
+
+
+def _contract(directory, model, rules=None):
+    text = (f"contract fused-{model.replace('_', '-')} {{\n  model {model}\n  hardware B200\n"
+            f"  rollout sglang {{\n    {rules or RULES[model]}\n  }}\n"
+            "  trainer megatron {\n    gemm : bf16\n    optimizer adam\n  }\n  trainable all\n"
+            "  sync full_weights { schedule colocated bridge bf16 activation atomic }\n}\n")
+    path = directory / f"{model}.prec"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _load(directory):
+    out = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            out.update({n: h.get_tensor(n) for n in h.keys()})
+    return out
+
+
+def _groups(model: str) -> dict[str, list[str]]:
+    """The fused groups by hand, from the tensor names (what SGLang fuses)."""
+    if model == "tiny_moe":
+        groups = {}
+        for layer in range(4):
+            p = f"model.layers.{layer}."
+            groups[p + "qkv"] = [p + f"self_attn.{m}_proj.weight" for m in "qkv"]
+            for e in range(8):
+                q = f"{p}mlp.experts.{e}."
+                groups[q + "w13"] = [q + "gate_proj.weight", q + "up_proj.weight"]
+        return groups
+    groups = {}
+    for layer in range(4):
+        p = f"model.layers.{layer}."
+        groups[p + "qkv_a"] = [p + "self_attn.q_a_proj.weight", p + "self_attn.kv_a_proj_with_mqa.weight"]
+        mlps = [p + "mlp."] if layer == 0 else [f"{p}mlp.experts.{e}." for e in range(8)] + [p + "mlp.shared_experts."]
+        for q in mlps:
+            groups[q + "gate_up"] = [q + "gate_proj.weight", q + "up_proj.weight"]
+    return groups
+
+
+@pytest.mark.parametrize("model", ["tiny_moe", "tiny_shared_moe"])
+def test_the_plan_names_each_fused_group_once(model, tmp_path):
+    plan = compile_file(str(_contract(tmp_path, model))).plan
+    want = {tuple(g) for g in _groups(model).values()}
+    got = {tuple(t["scale_group"]) for t in plan.rollout_tensors if t is not None and "scale_group" in t}
+    assert got == want
+    for i, t in enumerate(plan.rollout_tensors):  # every member names its own group; nothing else has one
+        name = plan.catalog.operators[i].tensor
+        member = [g for g in want if name in g]
+        assert (t or {}).get("scale_group") == (list(member[0]) if member else None), name
+    # the converter plan carries it, so a consumer reads the groups instead of re-deriving them
+    from pcc.lower.converter import converter_plan
+
+    entries = {e["source"]: e for e in converter_plan(plan)["tensors"]}
+    assert all(entries[m]["scale_group"] == list(g) for g in want for m in g)
+
+
+def test_a_member_kept_wide_leaves_the_group():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        plan = compile_file(str(_contract(Path(d), "tiny_moe",
+                                          "linear : nvfp4\n    keep bf16 : embed, lm_head, router, norm, "
+                                          "attn.q"))).plan
+    groups = {tuple(t["scale_group"]) for t in plan.rollout_tensors if t and "scale_group" in t}
+    assert ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight") in groups
+    assert not any("q_proj" in m for g in groups for m in g)
+
+
+def _e2m1(codes: np.ndarray) -> np.ndarray:
+    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+
+
+def _unpack(packed: np.ndarray, k: int) -> np.ndarray:
+    """uint8 [N, K/2] -> E2M1 codes [N, K]: element 2i in the low nibble, 2i+1 in the high one."""
+    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
+    return out[:, :k]
+
+
+def _reference(x: np.ndarray, amax: np.float32):
+    """NVFP4 by its definition (TransformerEngine's two-level scaling, docs/numerics.md), in float32:
+    S_enc = 2688 / amax; s_b = e4m3(amax_b * (S_enc * (1/6))); codes = e2m1(x * (1 / (s_b * (1/S_enc))))."""
+    n, k = x.shape
+    s_enc = np.float32(448.0 * 6.0) / amax
+    blocks = x.reshape(n, k // 16, 16)
+    amax_b = np.abs(blocks).max(-1)
+    s_b = (amax_b * (s_enc * np.float32(1.0 / 6.0))).astype(ml_dtypes.float8_e4m3fn)
+    factor = np.float32(1.0) / (s_b.astype(np.float32) * (np.float32(1.0) / s_enc))
+    codes = (blocks * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(n, k)
+    return codes, s_b.view(np.uint8), np.float32(1.0) / s_enc
+
+
+@pytest.mark.parametrize("model", ["tiny_moe", "tiny_shared_moe"])
+def test_fused_members_share_one_global_scale_and_reconstruct(model, tmp_path):
+    src = tmp_path / "src"
+    weights = make_checkpoint(src, model)
+    contract = _contract(tmp_path, model)
+    assert main(["convert", str(contract), "--from", str(src), "--to", str(tmp_path / "out"), "--no-calibrate"]) == 0
+    out = _load(tmp_path / "out")
+    ratios = []
+    for members in _groups(model).values():
+        xs = {m: weights[m].float().numpy() for m in members}
+        own = {m: np.abs(x).max() for m, x in xs.items()}
+        ratios.append(max(own.values()) / min(own.values()))
+        amax = np.float32(max(own.values()))
+        scale_2 = {m: out[m.removesuffix(".weight") + ".weight_scale_2"] for m in members}
+        assert len({v.numpy().tobytes() for v in scale_2.values()}) == 1, members  # one global scale, bit for bit
+        for m, x in xs.items():
+            p = m.removesuffix(".weight")
+            codes, s_b, ws2 = _reference(x, amax)
+            assert float(scale_2[m]) == float(ws2)
+            assert abs(float(ws2) - float(amax) / 2688) <= float(ws2) * 2**-23  # ModelOpt's amax / (6 * 448)
+            k = x.shape[1]
+            got_codes = _unpack(out[m].numpy(), k)
+            assert np.array_equal(got_codes, codes), m
+            assert np.array_equal(out[p + ".weight_scale"].view(torch.uint8).numpy(), s_b), m
+            # dequantized as the loaders do: e2m1 x e4m3 block scale x weight_scale_2
+            d = s_b.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * ws2
+            value = _e2m1(got_codes).reshape(x.shape[0], k // 16, 16) * d[..., None]
+            err = np.abs(value.reshape(x.shape) - x)
+            per = np.repeat(d, 16, axis=1)
+            # E2M1 rounding: half a step, 0.25 below 2 and |y|/4 above, times the block's scale, plus
+            # what saturates at 6 x scale (the e4m3 block scale may round below amax_b / 6); a tie is
+            # exactly half a step, so float32's own rounding of x and of the product gets 2^-20
+            bound = (np.maximum(0.25 * per, np.abs(x) / 4) + np.maximum(np.abs(x) - 6 * per, 0)) * (1 + 2**-20)
+            assert (err <= bound).all(), m
+    assert max(ratios) > 1.1  # members' own amaxes differ: per-member scales would not be equal
+    assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
+
+
+def test_the_live_sync_shares_the_same_scales(tmp_path):
+    """The runtime's convert_full (what every live sync installs) writes the converter's bytes."""
+    from pcc.runtime.weights import convert_full
+
+    src = tmp_path / "src"
+    weights = make_checkpoint(src, "tiny_moe")
+    contract = _contract(tmp_path, "tiny_moe")
+    assert main(["convert", str(contract), "--from", str(src), "--to", str(tmp_path / "out"), "--no-calibrate"]) == 0
+    out = _load(tmp_path / "out")
+    live = convert_full(compile_file(str(contract)).plan, weights)
+    names = [n for n in out if not n.endswith(".input_scale")]
+    assert len(names) > 300
+    assert all(torch.equal(live[n].contiguous().view(-1).view(torch.uint8), out[n].contiguous().view(-1).view(torch.uint8))
+               for n in names)
+
+
+def test_num_local_experts_is_calibrated_as_moe(tmp_path, capsys):
+    """transformers 5 writes a Qwen3-MoE / Mixtral config's expert count as `num_local_experts`."""
+    contract = _contract(tmp_path, "tiny_moe", "experts : nvfp4")
+    summaries = {}
+    for key in ("num_experts", "num_local_experts"):
+        src = tmp_path / key
+        make_checkpoint(src, "tiny_moe", shards=1)
+        config = json.loads((src / "config.json").read_text())
+        config[key] = config.pop("num_experts")
+        (src / "config.json").write_text(json.dumps(config))
+        dst = tmp_path / f"out-{key}"
+        code = main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--calibrate", "--json"])
+        summaries[key] = json.loads(capsys.readouterr().out)
+        assert code == 0, summaries[key]["diagnostics"]
+        assert summaries[key]["result"]["calibrated_input_scales"] == 4 * 8 * 3
+    a, b = _load(tmp_path / "out-num_experts"), _load(tmp_path / "out-num_local_experts")
+    scales = [n for n in a if n.endswith(".input_scale")]
+    assert len(scales) == 96 and all(torch.equal(a[n], b[n]) for n in scales)
+    assert len({float(a[n]) for n in scales}) > 10  # measured, not the 1.0 placeholder
