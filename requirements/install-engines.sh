@@ -30,3 +30,7 @@ pip install --quiet --no-deps --target "$verl_dir" --upgrade -r requirements/ver
 rm -rf "$verl_dir"/ray/core/src/ray/gcs "$verl_dir"/ray/core/src/ray/raylet "$verl_dir"/ray/jars \
   "$verl_dir"/ray/rllib "$verl_dir"/ray/dashboard "$verl_dir"/ray/serve "$verl_dir"/ray/data \
   "$verl_dir"/ray/tune "$verl_dir"/ray/train "$verl_dir"/ray/llm
+# torchao 0.18.0's training configs and PEFT 0.21.2's LoraConfig for pcc.lower.verify_fsdp, in a side
+# folder behind pcc's own packages (torch stays 2.13.0+cpu). See requirements/fsdp.txt. Measured: 39 MB.
+pip install --quiet --no-deps --target "$(python -c 'import sys; print(sys.prefix)')/engines/fsdp" \
+  --upgrade -r requirements/fsdp.txt

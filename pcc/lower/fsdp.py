@@ -66,13 +66,13 @@ def _accumulate_output(plan: Plan) -> None:
 def _float8(plan: Plan, i: int) -> dict:
     """One module's Float8LinearConfig fields (per-tensor or per-row FP8 in any of the three GEMMs)."""
     tab = tables()
-    casts: dict[str, list[str] | None] = {}
+    raw: dict[str, list[str] | None] = {}  # cast -> [granularity, dtype], None: disabled
     kinds, pow2 = set(), set()
     for comp, fields in tab["float8_casts"].items():
         d = plan.decision(comp, i)
         s = d.scheme
         if s.wide:
-            casts.update(dict.fromkeys(fields))
+            raw.update(dict.fromkeys(fields))
             continue
         if s.format not in tab["fp8_dtypes"]:
             _refuse(plan, comp, i, f"{comp} {s.format} next to FP8 GEMMs: a torchao Float8Linear runs FP8 or "
@@ -88,16 +88,22 @@ def _float8(plan: Plan, i: int) -> dict:
             if g.kind not in tab["granularity"]:
                 _refuse(plan, comp, i, f"torchao's Float8Linear scales per tensor or per row, not {g.text()} "
                         f"({comp} {role})", "use tensor or row/token groupings (or fp8_block in all three GEMMs)")
-            casts[cast] = [tab["granularity"][g.kind], tab["fp8_dtypes"][s.format]]
+            raw[cast] = [tab["granularity"][g.kind], tab["fp8_dtypes"][s.format]]
         kinds.add(d.gemm)
         if s.scale not in tab["pow2_scales"]:
             _refuse(plan, comp, i, f"torchao's FP8 scales are FP32 or powers of two, not {s.scale}")
         pow2.add(tab["pow2_scales"][s.scale])
-    for a, b, _ in tab["float8_same_dtype"]:
-        if casts[a] and casts[b] and casts[a][1] != casts[b][1]:
+    casts = {}
+    for a, b, default in tab["float8_same_dtype"]:
+        if raw[a] and raw[b] and raw[a][1] != raw[b][1]:
             comp = next(c for c, f in tab["float8_casts"].items() if b in f)
             _refuse(plan, comp, i, f"torchao casts one operand to one dtype in both GEMMs it enters ({a} "
-                    f"{casts[a][1]}, {b} {casts[b][1]})", "use one FP8 format for the operand in both GEMMs")
+                    f"{raw[a][1]}, {b} {raw[b][1]})", "use one FP8 format for the operand in both GEMMs")
+        for x, y in ((a, b), (b, a)):  # CastConfig's fields; a disabled cast keeps its operand's dtype
+            v = raw[x]
+            casts[x] = ({"scaling_type": "dynamic", "scaling_granularity": v[0], "target_dtype": v[1]} if v else
+                        {"scaling_type": "disabled", "scaling_granularity": "tensorwise",
+                         "target_dtype": (raw[y] or [None, default])[1]})
     if len(kinds) > 1 or len(pow2) > 1:
         comp = next(c for c in GEMMS if not plan.scheme(c, i).wide)
         what = "real and QDQ GEMMs (torchao's emulate)" if len(kinds) > 1 else "FP32 and power-of-two scales"
@@ -107,7 +113,7 @@ def _float8(plan: Plan, i: int) -> dict:
                                             and plan.decision(c, i).accumulate is None} for c in GEMMS}
     out = {"casts": casts, "round_scales_to_power_of_2": pow2.pop(), "emulate": kinds.pop() == "qdq", **fast}
     out["recipe"] = next((name for name, r in tab["float8_recipes"].items()
-                          if r["casts"] == casts and r["pow2"] == out["round_scales_to_power_of_2"]), None)
+                          if r["casts"] == raw and r["pow2"] == out["round_scales_to_power_of_2"]), None)
     return out
 
 
@@ -261,7 +267,8 @@ def _gemm_text(cfg: dict) -> dict[str, str]:
     """What each GEMM of a Float8Linear group runs, in torchao's cast names (for the reader)."""
     out = {}
     for comp, fields in tables()["float8_casts"].items():
-        parts = [f"{c.removeprefix('cast_config_')} {v[0]} {v[1]}" for c in fields if (v := cfg["casts"][c])]
+        parts = [f"{c.removeprefix('cast_config_')} {v['scaling_granularity']} {v['target_dtype']}"
+                 for c in fields if (v := cfg["casts"][c])["scaling_type"] == "dynamic"]
         out[comp] = ", ".join(parts) if parts else "high precision"
     return out
 
@@ -296,7 +303,7 @@ def lower_fsdp(plan: Plan) -> Lowered:
         groups.setdefault(key, {"kind": mode, "config": cfg, "modules": []})["modules"].append(name)
     if c.trainer.param_gather == "fp8":
         f8 = [g for g in groups.values() if g["kind"] == "float8"]
-        if not f8 or any(g["config"]["casts"]["cast_config_weight"][0] != "tensorwise" for g in f8) \
+        if not f8 or any(g["config"]["casts"]["cast_config_weight"]["scaling_granularity"] != "tensorwise" for g in f8) \
                 or len(f8) != len(groups):
             unsupported("PCC641", "FP8 parameter all-gather in FSDP2 is torchao's enable_fsdp_float8_all_gather, "
                         "which needs every quantized module on a Float8Linear with per-tensor weight scales",

@@ -1,0 +1,195 @@
+"""Check the fsdp target's trainer/fsdp.json with the libraries' own classes: torch's
+MixedPrecisionPolicy, torchao's Float8LinearConfig (against from_recipe_name where it names a
+recipe), MXFP8TrainingOpConfig, Float8BlockwiseLinearConfig and QATConfig, and PEFT's LoraConfig;
+then apply each to a meta-device model holding exactly the modules the file names, with the
+module filters it describes, and read back which module (or weight) class each one became.
+
+torchao and PEFT live in a side folder (requirements/fsdp.txt, --no-deps), never in pcc's
+site-packages, so they cannot replace pcc's torch. The checks run in a child process that appends
+that folder to sys.path (pcc's packages win where both have one) and answers one JSON document;
+torchao's import side effects (CUDA kernels that fail to load on a CPU) stay out of the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DIR_ENV = "PCC_FSDP_DIR"  # folder holding torchao/ and peft/ (pip --target); default below
+HINT = "install with requirements/install-engines.sh (see requirements/fsdp.txt)"
+TIMEOUT_S = 600
+# what each kind of group turns a module into: (module class, weight class or None for a Parameter)
+EXPECTED = {"wide": ("Linear", None), "float8": ("Float8Linear", None),
+            "blockwise": ("Float8BlockwiseLinear", None),
+            "mxfp8": ("Linear", "MXFP8TrainingWeightWrapperTensor"), "int4_qat": ("FakeQuantizedLinear", None)}
+LORA_CLASS = "peft.tuners.lora.layer.Linear"
+FP8_GATHER_WEIGHT = "WeightWithDynamicFloat8CastTensor"  # enable_fsdp_float8_all_gather's weight wrapper
+
+
+class VerifyError(ValueError):
+    """torchao, torch or PEFT rejected the config (the message is theirs), or applied it elsewhere."""
+
+
+class EngineMissing(ImportError):
+    """torchao or PEFT is not installed here."""
+
+
+def engine_dir() -> Path:
+    return Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "engines" / "fsdp")
+
+
+def verify_fsdp_config(doc: dict, shapes: dict[str, list[int]]) -> dict:
+    """Build every config in `doc` (trainer/fsdp.json) and apply it to a meta model of `shapes`
+    (module name -> [out, in]). Returns {"versions", "classes": {kind: {class: count}}, "lora", "configs",
+    "unchecked": {kind: why its modules were not converted on this machine}}."""
+    where = engine_dir()
+    if not (where / "torchao" / "__init__.py").is_file() or not (where / "peft" / "__init__.py").is_file():
+        raise EngineMissing(f"torchao and PEFT are not installed in {where}; {HINT}")
+    request = json.dumps({"dir": str(where), "doc": doc, "shapes": shapes})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pcc.lower.verify_fsdp"], input=request, capture_output=True,
+                          text=True, timeout=TIMEOUT_S, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise EngineMissing(f"the FSDP checks did not run (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    out = json.loads(lines[-1])
+    if "error" in out:
+        raise VerifyError(out["error"])
+    gather = any(g["config"].get("enable_fsdp_float8_all_gather") for g in doc["low_precision"])
+    for kind, counts in out["classes"].items():
+        cls, weight = EXPECTED[kind]
+        if kind == "float8" and gather:
+            weight = FP8_GATHER_WEIGHT
+        if kind in out["unchecked"]:
+            cls = "Linear"
+        want = cls + (f"[{weight}]" if weight else "")
+        if set(counts) != {want}:
+            raise VerifyError(f"{kind} modules became {counts}, not {want}")
+    if set(out["lora"]) - {LORA_CLASS}:
+        raise VerifyError(f"LoRA targets became {out['lora']}, not {LORA_CLASS}")
+    return out
+
+
+def verify_plan(plan) -> dict:
+    """verify_fsdp_config for the fsdp target's file of `plan`, with the plan's module shapes."""
+    from pcc.lower import lower
+    from pcc.lower.fsdp import FILE, gemm_modules, module_name
+
+    ops = plan.catalog.operators
+    shapes = {module_name(ops[i].tensor): list(ops[i].shape) for i in gemm_modules(plan)}
+    return verify_fsdp_config(json.loads(lower(plan, "fsdp").files[FILE]), shapes)
+
+
+# ---- the child: runs with torchao and PEFT importable ------------------------------------------
+
+def _child(request: dict) -> dict:
+    sys.path.append(request["dir"])
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    import peft
+    import torchao
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8.config import CastConfig, Float8GemmConfig, ScalingGranularity, ScalingType
+    from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinearConfig
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+    from torchao.quantization.quantize_.common import KernelPreference
+
+    doc, shapes = request["doc"], request["shapes"]
+    dtype = {"int4": torch.int4}
+
+    def float8(cfg: dict):
+        casts = {k: CastConfig(scaling_type=ScalingType(v["scaling_type"]),
+                               scaling_granularity=ScalingGranularity(v["scaling_granularity"]),
+                               target_dtype=getattr(torch, v["target_dtype"])) for k, v in cfg["casts"].items()}
+        gemms = {k: Float8GemmConfig(**cfg[k]) for k in ("gemm_config_output", "gemm_config_grad_input",
+                                                          "gemm_config_grad_weight")}
+        built = Float8LinearConfig(**casts, **gemms, emulate=cfg["emulate"],
+                                   round_scales_to_power_of_2=cfg["round_scales_to_power_of_2"],
+                                   enable_fsdp_float8_all_gather=cfg["enable_fsdp_float8_all_gather"])
+        if cfg["recipe"]:
+            ref = Float8LinearConfig.from_recipe_name(cfg["recipe"])
+            for k in casts:
+                if getattr(built, k) != getattr(ref, k):
+                    raise VerifyError(f"{k} is {getattr(built, k)}, recipe {cfg['recipe']} has {getattr(ref, k)}")
+            if built.round_scales_to_power_of_2 != ref.round_scales_to_power_of_2:
+                raise VerifyError(f"round_scales_to_power_of_2 differs from recipe {cfg['recipe']}")
+        return built
+
+    def build(kind: str, cfg: dict):
+        if kind == "float8":
+            return float8(cfg)
+        if kind == "mxfp8":
+            return MXFP8TrainingOpConfig(kernel_preference=KernelPreference(cfg["kernel_preference"]),
+                                         out_dtype=getattr(torch, cfg["out_dtype"]), wgrad_with_hp=cfg["wgrad_with_hp"],
+                                         scale_calculation_mode=ScaleCalculationMode(cfg["scale_calculation_mode"]),
+                                         pad_token_groups_for_grouped_mm=cfg["pad_token_groups_for_grouped_mm"])
+        if kind == "blockwise":
+            return Float8BlockwiseLinearConfig(**cfg)
+        return QATConfig(weight_config=IntxFakeQuantizeConfig(dtype[cfg["dtype"]], group_size=cfg["group_size"],
+                                                              is_symmetric=cfg["is_symmetric"]), step="prepare")
+
+    try:
+        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, doc["mp_policy"]["param_dtype"]),
+                                  reduce_dtype=getattr(torch, doc["mp_policy"]["reduce_dtype"]))
+        for key in ("sharded_param_dtype",):
+            if not isinstance(getattr(torch, doc[key]), torch.dtype):
+                raise VerifyError(f"{key} {doc[key]} is no torch dtype")
+        configs = [repr(mp)] + ([repr(CPUOffloadPolicy())] if doc["cpu_offload"] else [])
+        model = nn.Module()
+        for name, (n, k) in shapes.items():
+            parent = model
+            *path, leaf = name.split(".")
+            for part in path:
+                if not hasattr(parent, part):
+                    parent.add_module(part, nn.Module())
+                parent = getattr(parent, part)
+            parent.add_module(leaf, nn.Linear(k, n, bias=False, device="meta", dtype=torch.bfloat16))
+        unchecked: dict[str, str] = {}
+        for g in doc["low_precision"]:
+            cfg, names = build(g["kind"], g["config"]), set(g["modules"])
+            configs.append(repr(cfg))
+            if g["kind"] == "blockwise" and not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9):
+                unchecked["blockwise"] = "Float8BlockwiseLinear is built on an SM90+ GPU only (the config is checked)"
+            elif g["kind"] == "float8":
+                convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in names, config=cfg)
+            else:
+                quantize_(model, cfg, filter_fn=lambda m, fqn: fqn in names and isinstance(m, nn.Linear))
+        lora = doc["lora"]
+        if lora:
+            lc = peft.LoraConfig(**lora)
+            configs.append(repr(lc))
+            peft.inject_adapter_in_model(lc, model, low_cpu_mem_usage=True)
+        modules = dict(model.named_modules())
+        classes: dict[str, dict[str, int]] = {}
+        kinds = [("wide", doc["keep_wide"])] + [(g["kind"], g["modules"]) for g in doc["low_precision"]]
+        adapted = set(lora["target_modules"]) if lora else set()
+        for kind, names in kinds:
+            for name in names:
+                m = modules[name]
+                base = m.get_base_layer() if name in adapted else m
+                w = type(base.weight).__name__
+                key = type(base).__name__ + ("" if w == "Parameter" else f"[{w}]")
+                classes.setdefault(kind, {}).setdefault(key, 0)
+                classes[kind][key] += 1
+        lora_classes: dict[str, int] = {}
+        for name in adapted:
+            key = f"{type(modules[name]).__module__}.{type(modules[name]).__name__}"
+            lora_classes[key] = lora_classes.get(key, 0) + 1
+    except (VerifyError, AssertionError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"versions": {"torch": torch.__version__.split("+")[0], "torchao": torchao.__version__,
+                         "peft": peft.__version__},
+            "classes": classes, "lora": lora_classes, "configs": configs, "unchecked": unchecked}
+
+
+if __name__ == "__main__":
+    result = _child(json.loads(sys.stdin.read()))
+    sys.stdout.write("\n" + json.dumps(result, default=str) + "\n")
