@@ -1,5 +1,5 @@
 """`pcc compile CONTRACT -o BUNDLE`: check, resolve, lower every target, write the bundle;
-and the `miles` target of `pcc run` (registered by pcc/cli.py). Handlers are
+and the `miles` and `verl` targets of `pcc run` (registered by pcc/cli.py). Handlers are
 `fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md)."""
 
 from __future__ import annotations
@@ -35,23 +35,24 @@ def cmd_compile(args, rep) -> int:
     return 1 if failed else 0
 
 
-def run_on_miles(args, rep) -> int:
-    """`pcc run CONTRACT|BUNDLE --target miles [--dry-run] [-- ARGS...]`: pcc.bundle.launch, in the
+def run_on_framework(args, rep) -> int:
+    """`pcc run CONTRACT|BUNDLE --target miles|verl [--dry-run] [-- ARGS...]`: pcc.bundle.launch, in the
     frame's terms (with --json its printed launch becomes the envelope's result, its errors
-    diagnostics). ARGS go to Miles after the bundle's own and the job file's (later flags win)."""
-    from pcc.bundle.launch import run_miles
+    diagnostics). ARGS go to the framework after the bundle's own (later flags or overrides win)."""
+    from pcc.bundle.launch import LAUNCHERS, run_launch
 
+    framework, name = args.target, LAUNCHERS[args.target][0]
     rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle; a bundle's manifest checked
-    problem = launch_files_problem(args.contract)
+    problem = launch_files_problem(args.contract, framework)
     if problem is not None:
         return rep.fail(problem, code="PCC706")
     extra = list(getattr(args, "passthrough", None) or [])
     if not rep.json:
-        code = run_miles(args.contract, args.dry_run, False, extra)
+        code = run_launch(framework, args.contract, args.dry_run, False, extra)
     else:
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = run_miles(args.contract, args.dry_run, True, extra)
+            code = run_launch(framework, args.contract, args.dry_run, True, extra)
         sys.stderr.write(err.getvalue())
         if out.getvalue().strip():
             rep.result = json.loads(out.getvalue())
@@ -59,23 +60,29 @@ def run_on_miles(args, rep) -> int:
             text = err.getvalue().strip()
             problems = [ln.strip()[2:] for ln in text.splitlines() if ln.startswith("  - ")]
             for p in problems:
-                rep.error(f"cannot launch on Miles: {p}")
+                rep.error(f"cannot launch on {name}: {p}")
             if text and not problems:
                 rep.error(text.removeprefix("error: "))
     if code not in (0, 1):
-        return rep.fail(f"miles/launch.sh exited with status {code}")
+        return rep.fail(f"{framework}/launch.sh exited with status {code}")
     return code
 
 
-def launch_files_problem(source: str) -> str | None:
+def launch_files_problem(source: str, framework: str) -> str | None:
     """What is wrong with a bundle's launch files beyond their hashes (a manifest rewritten to match an edit):
-    miles/runtime-env.json must be {"env_vars": {NAME: "value"}}. None when fine or not a bundle."""
+    FRAMEWORK/launch.sh present, and miles/runtime-env.json {"env_vars": {NAME: "value"}}. None when fine or
+    not a bundle."""
     from pathlib import Path
 
     from pcc.bundle import is_bundle
     from pcc.lang.inputs import InputError, read_json
 
     if not is_bundle(source):
+        return None
+    if not (Path(source) / framework / "launch.sh").is_file():
+        return (f"{Path(source) / framework / 'launch.sh'}: missing; the bundle has no {framework} target "
+                f"(its contract does not name 'framework {framework}')")
+    if framework != "miles":
         return None
     path = Path(source) / "miles" / "runtime-env.json"
     if not path.exists():
@@ -91,12 +98,13 @@ def launch_files_problem(source: str) -> str | None:
 
 
 def verify_engines(plan, bundle: str) -> list[dict]:
-    """Run the bundle's engine arguments through the engines' own parsers and config classes."""
+    """Run the bundle's engine arguments through the engines' own parsers and config classes: each of its
+    targets that has one (Megatron, FSDP, SGLang, vLLM, verl), in the order of `targets_for`."""
     import contextlib
     import os
     import warnings
 
-    from pcc.lower import lower
+    from pcc.lower import lower, targets_for
 
     def megatron():
         from pcc.lower import verify_megatron as vm
@@ -114,8 +122,36 @@ def verify_engines(plan, bundle: str) -> list[dict]:
 
         verify_sglang_args(lower(plan, "sglang").args)
 
+    def vllm():
+        from pcc.lower import verify_vllm as vv
+        from pcc.lower.checkpoint_config import quantization_config
+        from pcc.lower.vllm import QUANT_FILE
+
+        lo = lower(plan, "vllm")
+        quant = []
+        if QUANT_FILE in lo.files:  # the checkpoint config vLLM resolves against --quantization
+            flag = lo.args[lo.args.index("--quantization") + 1] if "--quantization" in lo.args else None
+            quant.append({"config": quantization_config(plan), "flag": flag,
+                          "model_type": plan.catalog.config.get("model_type")})
+        out = vv.run_batch(args=[lo.args], quant=quant)
+        for got in out["args"] + out["quant"]:
+            if "error" in got:
+                raise vv.VerifyError(got["error"])
+
+    def verl():
+        from pcc.lower.verify_verl import verify_verl_job
+        from pcc.lower.verl import tables
+
+        verify_verl_job(tables()["config_name"][plan.contract.trainer.engine], lower(plan, "verl").args)
+
+    def fsdp():
+        from pcc.lower.verify_fsdp import verify_plan
+
+        verify_plan(plan)  # torchao's, torch's and PEFT's classes, applied to a meta model of the modules
+
+    checks = {"megatron": megatron, "fsdp": fsdp, "sglang": sglang, "vllm": vllm, "verl": verl}
     out = []
-    for name, check in (("megatron", megatron), ("sglang", sglang)):
+    for name, check in ((n, checks[n]) for n in targets_for(plan) if n in checks):
         try:
             with open(os.devnull, "w") as null, warnings.catch_warnings(), contextlib.redirect_stderr(null):
                 warnings.simplefilter("ignore")  # the engines warn about missing GPU libraries on import

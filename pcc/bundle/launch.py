@@ -1,8 +1,10 @@
-"""`pcc run --target miles`: launch a bundle on Miles (Megatron + SGLang over Ray).
+"""`pcc run --target miles|verl`: launch a bundle on the framework its contract names: Miles
+(Megatron + SGLang over Ray) or verl (`python3 -m verl.trainer.main_ppo` with Hydra overrides).
 
-pcc never reimplements Miles: it checks that what the launch needs is present, says
-exactly what is missing and how to get it, and runs the bundle's miles/launch.sh with the
-job's own arguments after it. `--dry-run` prints the command and environment instead.
+pcc never reimplements either: it checks that what the launch needs is present, says
+exactly what is missing and how to get it, and runs the bundle's FRAMEWORK/launch.sh with the
+job's own arguments after it. `--dry-run` prints the command and environment instead. Each
+framework builds one `Launch`; `run_launch` prints or starts it the same way for both.
 
 Miles' arguments come in this order, and where two set the same flag the later wins
 (argparse keeps the last value): the architecture (miles/model_args.txt), the contract's
@@ -21,10 +23,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pcc.lower import PATH_VARIABLES
 from pcc.lower.miles import JOB_FILE, JOB_VARIABLE, MODEL_ARGS
+from pcc.lower.verify_verl import VERSION as VERL_VERSION
 
 NEEDED = {
     "PCC_ROLLOUT_CHECKPOINT": "build it with: pcc convert BUNDLE --from <bf16 checkpoint> --to <dir>",
@@ -108,11 +112,107 @@ def missing(env: dict[str, str]) -> list[str]:
     return out
 
 
-def run_miles(source: str, dry_run: bool, as_json: bool, extra: list[str] | None = None) -> int:
+@dataclass
+class Launch:
+    """One framework's launch of a bundle, as `run` prints it (--dry-run) or starts it: the exact command,
+    the bundle's launch script that runs it, the document and comment lines a dry run prints, and what
+    the launch cannot start without."""
+
+    command: list[str]
+    script: Path
+    env: dict[str, str]  # the environment the script runs in
+    document: dict  # the --dry-run --json result
+    comments: list[str]  # the --dry-run text before the command
+    missing: list[str]
+
+
+def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
+    """`ray job submit ... python3 train.py` with the architecture, the contract's flags, the checkpoints,
+    the job file and `extra`, in that order (later flags win)."""
+    import json
+
+    from pcc.bundle import is_bundle
+
+    env = dict(os.environ)
+    job = job_file(source, env)
+    if not is_bundle(source):  # launch.sh would look beside the temporary bundle: name the file
+        env[JOB_VARIABLE] = str(job) if job else ""
+    launch = bundle / "miles" / "launch.sh"
+    runtime_env = json.loads((bundle / "miles" / "runtime-env.json").read_text())["env_vars"]
+    script, *own = [str(bundle / a) if (bundle / a).is_file() else a
+                    for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
+    model = words((bundle / MODEL_ARGS).read_text())
+    job_args = words(job.read_text()) if job and job.is_file() else []
+    paths = {v: os.environ.get(v, f"<{v}>") for v in ("PCC_ROLLOUT_CHECKPOINT", "PCC_REF_LOAD")}
+    tail = ["--hf-checkpoint", paths["PCC_ROLLOUT_CHECKPOINT"], "--ref-load", paths["PCC_REF_LOAD"]]
+    if "PCC_TIS_FUNCTION" in launch.read_text():
+        tail += ["--custom-tis-function-path", os.environ.get("PCC_TIS_FUNCTION", "<PCC_TIS_FUNCTION>")]
+    bundle_flags = _flags(model + own + tail)
+    changed = overrides(bundle_flags, job_args, "job") + overrides(bundle_flags, extra, "command line")
+    command = (["ray", "job", "submit", "--address", os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
+                "--runtime-env-json", json.dumps({"env_vars": runtime_env}, sort_keys=True), "--", "python3",
+                script] + model + own + tail + job_args + extra)
+    document = {"command": command, "env": runtime_env, "cwd": os.environ.get("MILES_DIR"), "launch": str(launch),
+                "paths": {k: PATH_VARIABLES[k] for k in paths}, "job": str(job) if job else None,
+                "job_args": job_args, "extra_args": extra, "overrides": changed}
+    comments = ["# environment (sent to Ray as the job's runtime env)"]
+    comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
+    comments.append(f"# job file: {shlex.quote(str(job)) if job else f'none (set {JOB_VARIABLE}, or write {JOB_FILE} beside the bundle)'}")
+    comments += [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
+                 f"{o['bundle'] or '(no value)'}" for o in changed]
+    comments.append(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
+    return Launch(command, launch, env, document, comments, missing(env))
+
+
+def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
+    """`python3 -m verl.trainer.main_ppo --config-name CONFIG` with the bundle's Hydra overrides
+    (verl/overrides.txt) and `extra` after them (the job's data, model path, batch sizes: later overrides
+    win), as verl/launch.sh runs it; the environment travels inside the overrides, to Ray's runtime_env."""
+    import json
+
+    from pcc.lower.verl import LAUNCH, OVERRIDES_FILE, tables
+
+    tab = tables()
+    config = tab["config_name"][json.loads((bundle / "plan.json").read_text())["trainer"]["engine"]]
+    own = (bundle / OVERRIDES_FILE).read_text().splitlines()
+    env_prefix = tab["env_key"] + "."
+    runtime_env = {k: v.strip("'") for k, _, v in
+                   (o[len(env_prefix):].partition("=") for o in own if o.startswith(env_prefix))}
+    command = ["python3", "-m", tab["entry"], "--config-name", config, *own, *extra]
+    env = {k: v for k, v in os.environ.items() if k != "PCC_DRY_RUN"}  # launch.sh would print, not run
+    document = {"command": command, "env": runtime_env, "cwd": None, "launch": str(bundle / LAUNCH),
+                "config_name": config, "extra_args": extra}
+    comments = ["# environment (inside the overrides: Ray's runtime_env for every worker)"]
+    comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
+    comments.append(f"# verl {tab['version']}, as {LAUNCH} runs it; the job's own overrides follow the bundle's")
+    return Launch(command, bundle / LAUNCH, env, document, comments, verl_missing(env))
+
+
+def verl_missing(env: dict[str, str]) -> list[str]:
+    """What `python3 -m verl.trainer.main_ppo` cannot start without, each with how to get it."""
+    python = shutil.which("python3", path=env.get("PATH"))
+    if python is None:
+        return ["python3 is not on PATH"]
+    probe = "import importlib.util as u; print(' '.join(m for m in ('verl', 'ray') if u.find_spec(m) is None))"
+    try:
+        gone = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=60).stdout.split()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"{python} could not be asked for verl and ray ({exc})"]
+    how = {"verl": f"pip install verl=={VERL_VERSION}", "ray": "pip install 'ray[default]'"}
+    return [f"{m} is not importable by {python}: {how[m]}" for m in gone]
+
+
+LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch)}
+
+
+def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra: list[str] | None = None) -> int:
+    """`pcc run SOURCE --target FRAMEWORK`: print the launch (dry run, as JSON or text), or say what is
+    missing, or run the bundle's FRAMEWORK/launch.sh with `extra` after its own arguments."""
     import json
 
     from pcc.bundle import BundleError
 
+    name, build = LAUNCHERS[framework]
     extra = list(extra or [])
     try:
         bundle, tmp = _bundle_dir(source)
@@ -120,49 +220,24 @@ def run_miles(source: str, dry_run: bool, as_json: bool, extra: list[str] | None
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        env = dict(os.environ)
-        job = job_file(source, env)
-        if tmp is not None:  # launch.sh would look beside the temporary bundle: name the file
-            env[JOB_VARIABLE] = str(job) if job else ""
-        launch = bundle / "miles" / "launch.sh"
-        runtime_env = json.loads((bundle / "miles" / "runtime-env.json").read_text())["env_vars"]
-        script, *own = [str(bundle / a) if (bundle / a).is_file() else a
-                        for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
-        model = words((bundle / MODEL_ARGS).read_text())
-        job_args = words(job.read_text()) if job and job.is_file() else []
-        paths = {v: os.environ.get(v, f"<{v}>") for v in ("PCC_ROLLOUT_CHECKPOINT", "PCC_REF_LOAD")}
-        tail = ["--hf-checkpoint", paths["PCC_ROLLOUT_CHECKPOINT"], "--ref-load", paths["PCC_REF_LOAD"]]
-        if "PCC_TIS_FUNCTION" in launch.read_text():
-            tail += ["--custom-tis-function-path", os.environ.get("PCC_TIS_FUNCTION", "<PCC_TIS_FUNCTION>")]
-        bundle_flags = _flags(model + own + tail)
-        changed = overrides(bundle_flags, job_args, "job") + overrides(bundle_flags, extra, "command line")
-        command = (["ray", "job", "submit", "--address", os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
-                    "--runtime-env-json", json.dumps({"env_vars": runtime_env}, sort_keys=True), "--", "python3",
-                    script] + model + own + tail + job_args + extra)
+        if not (bundle / framework / "launch.sh").is_file():
+            print(f"error: {source}: the contract does not run on {name} (write 'framework {framework}' in it)",
+                  file=sys.stderr)
+            return 1
+        launch = build(source, bundle, extra)
         if dry_run:
             if as_json:
-                print(json.dumps({"command": command, "env": runtime_env, "cwd": os.environ.get("MILES_DIR"),
-                                  "launch": str(launch), "paths": {k: PATH_VARIABLES[k] for k in paths},
-                                  "job": str(job) if job else None, "job_args": job_args, "extra_args": extra,
-                                  "overrides": changed}, indent=1))
+                print(json.dumps(launch.document, indent=1))
             else:
-                print("# environment (sent to Ray as the job's runtime env)")
-                for k, v in runtime_env.items():
-                    print(f"{k}={shlex.quote(v)}")
-                print(f"# job file: {shlex.quote(str(job)) if job else f'none (set {JOB_VARIABLE}, or write {JOB_FILE} beside the bundle)'}")
-                for o in changed:
-                    print(f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
-                          f"{o['bundle'] or '(no value)'}")
-                print(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
-                print(shlex.join(command))
+                print("\n".join(launch.comments))
+                print(shlex.join(launch.command))
             return 0
-        problems = missing(env)
-        if problems:
-            print("error: cannot launch on Miles:", file=sys.stderr)
-            for p in problems:
+        if launch.missing:
+            print(f"error: cannot launch on {name}:", file=sys.stderr)
+            for p in launch.missing:
                 print(f"  - {p}", file=sys.stderr)
             return 1
-        return subprocess.call(["bash", str(launch), *extra], env=env)
+        return subprocess.call(["bash", str(launch.script), *extra], env=launch.env)
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -23,6 +23,7 @@ LEVELS_FOR = {
     "fprop": (3, 4, 5, 7, 8, 9), "quantizer": (2,), "dgrad": (3, 7, 8, 9), "wgrad": (3, 7, 8, 9),
     "optimizer": (7, 8, 9), "sync_transfer": (2, 6, 8, 9), "sync_activation": (6, 8), "sync_version": (8, 9),
     "correction": (7, 8), "routing_replay": (5, 7, 8), "hardware": (3, 4, 5, 9), "engine": (3, 4, 7, 9),
+    "framework": (6, 7, 9),  # the same engines, launched and synchronized by another framework's code
     "rollout_parallel": (5, 6, 9), "trainer_parallel": (6, 7, 9), "max_tokens": (5, 8, 9),
     "deterministic": (4, 5, 9), "record": (5, 8), "trainable": (7, 8, 9), "adapter": (4, 6, 7, 8),
     "expect:same_version": (4,), "expect:baseline_drift": (6,), "expect:route_agreement": (5,),
@@ -36,7 +37,7 @@ BYTES_TAGS = ("model", "rollout", "fprop", "trainable", "adapter", "optimizer", 
 _SYNC = {"moves": "sync_transfer", "bridge": "sync_transfer", "transfer": "sync_transfer",
          "activation": "sync_activation", "schedule": "sync_version", "max_staleness": "sync_version",
          "interval": "sync_version"}
-_PLACEMENT = {"hardware": "hardware", "parallel": "{side}_parallel", "engine": "engine", "impl": "engine",
+_PLACEMENT = {"framework": "framework", "hardware": "hardware", "parallel": "{side}_parallel", "engine": "engine", "impl": "engine",
               "fp8_recipe": "engine", "max_tokens": "max_tokens", "deterministic": "deterministic",
               "record": "record"}
 
@@ -68,8 +69,8 @@ def tags(report: dict, pa: Plan, pb: Plan) -> list[tuple[str, str]]:
     out += [("routing_replay" if c["field"] == "routing_replay" else "correction", _field(c))
             for c in report["correction"]]
     for c in report["placement"]:
-        side, key = c["field"].split(".")[:2]
-        out.append((_PLACEMENT[key].format(side=side), _field(c)))
+        side, _, rest = c["field"].partition(".")  # "framework", or "rollout.engine", "trainer.parallel.tp"
+        out.append((_PLACEMENT[rest.split(".")[0] if rest else side].format(side=side), _field(c)))
     t = report["trainable"]
     lora = "lora" in (pa.contract.trainable.kind, pb.contract.trainable.kind)
     for c in t["fields"]:

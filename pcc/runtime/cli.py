@@ -1,7 +1,7 @@
 """`pcc run` (the embedded runtime, the default target) and `pcc experiment trainer-variants`.
 
 Nothing heavy is imported at module level: torch loads inside the handlers. Other targets
-(`--target miles`) are registered by the `pcc` command (`add_run_target`); this module
+(`--target miles`, `--target verl`) are registered by the `pcc` command (`add_run_target`); this module
 knows only its own. Handlers are `fn(args, rep) -> exit code` (pcc/cli.py, docs/cli.md).
 """
 
@@ -63,7 +63,7 @@ def register(sub) -> None:
     _common(s)
     s.add_argument("--target", default="embedded", choices=RUN_TARGETS,
                    help="where to run: embedded (the default: the CPU runtime on this machine, no GPU), or a "
-                        "registered launcher, e.g. miles (Megatron + SGLang over Ray, from the bundle)")
+                        "registered launcher: miles (Megatron + SGLang over Ray) or verl (verl's main_ppo), from the bundle")
     s.add_argument("--dry-run", action="store_true",
                    help="with a target that launches elsewhere: print the launch, start nothing")
     s.add_argument("--steps", type=bounded("steps"), default=30)
@@ -79,7 +79,8 @@ def register(sub) -> None:
                    help="fault injection: drop or corrupt one tensor of one version's transfer")
     s.add_argument("--crash-at", type=bounded("crash_at"), metavar="STEP", help="fault injection: crash in STEP, after its rollout")
     s.set_defaults(fn=cmd_run, passthrough=[])
-    s.epilog = "pcc run BUNDLE --target miles [--dry-run] -- ARGS...: ARGS go to the launcher (Miles' own flags)"
+    s.epilog = ("pcc run BUNDLE --target miles|verl [--dry-run] -- ARGS...: ARGS go to the launcher (Miles' own flags, "
+                "verl's Hydra overrides)")
     _pass_through(s)
 
     e = sub.add_parser("experiment", help="controlled experiments on the embedded runtime")
@@ -162,9 +163,9 @@ def _run_embedded(args, rep) -> int:
     from pathlib import Path
 
     if args.dry_run:
-        raise rep.usage("--dry-run: the embedded target runs here and launches nothing; use --target miles")
+        raise rep.usage("--dry-run: the embedded target runs here and launches nothing; use --target miles or verl")
     if args.passthrough:
-        raise rep.usage("arguments after '--' go to a launcher target (--target miles); the embedded runtime "
+        raise rep.usage("arguments after '--' go to a launcher target (--target miles or verl); the embedded runtime "
                         "takes none")
     from .loop import InjectedCrash
     from .plots import PlotError

@@ -2,6 +2,7 @@
 
 Update after an intended change (then review the diff):
     PCC_UPDATE_GOLDEN=1 python -m pytest tests/bundle/test_golden.py
+contracts/vllm/X.prec and contracts/verl/X.prec have theirs in golden/vllm/X and golden/verl/X.
 Files over 64 KiB (the resolved plan and the converter plan of large models) are kept as
 their sha256, so the repository stays small; everything else is compared as text.
 """
@@ -18,7 +19,7 @@ from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
-CONTRACTS = sorted((ROOT / "contracts").glob("*.prec"))
+CONTRACTS = sorted(p for d in ("", "vllm", "verl") for p in (ROOT / "contracts" / d).glob("*.prec"))
 LARGE = 64 << 10
 
 
@@ -33,13 +34,17 @@ def _expected(files: dict[str, str]) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT / "contracts").with_suffix(""))
+
+
+@pytest.mark.parametrize("path", CONTRACTS, ids=_name)
 def test_bundle_matches_golden(path):
     compiled = compile_file(str(path))
     assert compiled.ok
     files, _ = bundle_files(compiled.plan)
     expected = _expected(files)
-    folder = GOLDEN / path.stem
+    folder = GOLDEN / _name(path)
     if os.environ.get("PCC_UPDATE_GOLDEN") == "1":
         shutil.rmtree(folder, ignore_errors=True)
         for rel, text in expected.items():

@@ -121,3 +121,65 @@ def test_a_launched_contract_takes_the_job_file_beside_it(tmp_path, capsys, monk
 def test_the_embedded_runtime_takes_no_launcher_arguments(capsys):
     assert main(["run", str(ROOT / "contracts/tiny_cpu.prec"), "--", "--rollout-batch-size", "32"]) == 2
     assert "--target miles" in capsys.readouterr().err
+
+
+def _fake_python(tmp_path, missing: str = ""):
+    """A python3 that answers the launcher's import probe with `missing` and prints any other argv as JSON."""
+    import sys
+
+    fake = tmp_path / "pybin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python3").write_text(f"#!{sys.executable}\nimport json, sys\nif sys.argv[1] == '-c':\n"
+                                  f"    print({missing!r})\nelse:\n    print(json.dumps(sys.argv[1:]))\n")
+    (fake / "python3").chmod(0o755)
+    return fake
+
+
+def test_verl_dry_run_is_the_command_launch_sh_runs(tmp_path, capsys):
+    import shlex
+
+    bundle = tmp_path / "my bundle"
+    write_bundle(compile_file(str(ROOT / "contracts/verl/unified_fp8.prec")).plan, bundle)
+    extra = ["data.train_files=/data/my set.parquet", "actor_rollout_ref.model.path=/m"]
+    assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--json", "--", *extra]) == 0
+    out = json.loads(capsys.readouterr().out)["result"]
+    printed = subprocess.run(["bash", str(bundle / "verl/launch.sh"), *extra], capture_output=True, text=True,
+                             env={**os.environ, "PCC_DRY_RUN": "1"}, check=True).stdout
+    assert out["command"] == shlex.split(printed)
+    assert out["command"][:5] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name", "ppo_megatron_trainer"]
+    assert out["command"][-2:] == extra and "actor_rollout_ref.rollout.quantization='fp8'" in out["command"]
+    assert out["env"]["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
+    assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--", *extra]) == 0
+    assert shlex.split(capsys.readouterr().out.strip().splitlines()[-1]) == out["command"]  # every value quoted
+
+
+def test_verl_run_executes_launch_sh_with_the_arguments_after_it(tmp_path, capsys, monkeypatch):
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/verl/bf16_baseline.prec")).plan, bundle)
+    monkeypatch.setenv("PATH", f"{_fake_python(tmp_path)}:{os.environ['PATH']}")
+    argv = []
+
+    def call(cmd, env=None):
+        argv.extend(json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout))
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", call)
+    assert main(["run", str(bundle), "--target", "verl", "--", "trainer.total_epochs=1", "data.val_files=a b"]) == 0
+    own = (bundle / "verl/overrides.txt").read_text().splitlines()
+    assert argv == ["-m", "verl.trainer.main_ppo", "--config-name", "ppo_megatron_trainer", *own,
+                    "trainer.total_epochs=1", "data.val_files=a b"]
+
+
+def test_verl_launch_names_what_is_missing_and_refuses_other_bundles(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", f"{_fake_python(tmp_path, 'verl ray')}:{os.environ['PATH']}")
+    assert main(["run", str(ROOT / "contracts/verl/bf16_baseline.prec"), "--target", "verl", "--json"]) == 1
+    messages = [d["message"] for d in json.loads(capsys.readouterr().out)["diagnostics"]]
+    assert any(m.startswith("cannot launch on verl: verl is not importable") for m in messages), messages
+    assert any("pip install 'ray[default]'" in m for m in messages), messages
+    miles = tmp_path / "miles-bundle"
+    write_bundle(compile_file(str(ROOT / "contracts/bf16_baseline.prec")).plan, miles)
+    assert main(["run", str(miles), "--target", "verl", "--dry-run", "--json"]) == 1
+    (d,) = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert d["code"] == "PCC706" and "framework verl" in d["message"]
+    assert main(["run", str(ROOT / "contracts/vllm/bf16_baseline.prec"), "--target", "verl", "--dry-run"]) == 1
+    assert "does not run on verl" in capsys.readouterr().err

@@ -34,3 +34,19 @@ def test_compile_verify_accepts_every_shipped_contract(engines, path, tmp_path, 
     assert main(["compile", str(path), "-o", str(tmp_path / "b"), "--verify", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["result"]
     assert [(v["target"], v["ok"]) for v in out["verify"]] == [("megatron", True), ("sglang", True)], out["verify"]
+
+
+def test_compile_verify_checks_a_verl_contract_with_vllm_and_verl(engines, tmp_path, capsys):
+    """A bundle's verification runs each of its targets' own checks: a verl contract with a vLLM rollout is
+    checked by megatron-core, vLLM (its arguments and checkpoint config) and verl (its composed Hydra config)."""
+    from pcc.lower import verify_verl, verify_vllm
+
+    for engine in (verify_vllm, verify_verl):
+        if not engine.engine_dir().is_dir():
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI must run the engine checks: {engine.engine_dir()} is missing")
+            pytest.skip(f"{engine.engine_dir()} is missing: bash requirements/install-engines.sh")
+    path = ROOT / "contracts" / "verl" / "unified_fp8.prec"
+    assert main(["compile", str(path), "-o", str(tmp_path / "b"), "--verify", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["result"]
+    assert [(v["target"], v["ok"]) for v in out["verify"]] == [("megatron", True), ("vllm", True), ("verl", True)]

@@ -118,3 +118,23 @@ def test_redefined_scheme_name_shows_both_definitions(tmp_path):
     rows = r["components"]["rollout"]
     assert rows and all(x["from"].startswith("s (fp8_e4m3") and x["from"] != x["to"] for x in rows)
     assert r["changed"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_verl_variant_differs_only_in_framework_and_engine():
+    """contracts/verl/X.prec against X.prec: the same precision everywhere; what moves is the framework (and the
+    rollout engine where verl needs vLLM), which re-runs the live update, the training step and the profile."""
+    for path in sorted((ROOT / "contracts" / "verl").glob("*.prec")):
+        r = diff(str(ROOT / "contracts" / path.name), str(path), targets=())
+        assert r["changed"], path.name
+        assert not any(r["components"].values()) and not r["model"], path.name
+        assert not (r["optimizer"] or r["sync"] or r["correction"] or r["expect"] or r["trainable"]["fields"])
+        fields = {c["field"]: (c["from"], c["to"]) for c in r["placement"]}
+        assert fields.pop("framework") == ("miles", "verl"), path.name
+        assert fields in ({}, {"rollout.engine": ("sglang", "vllm")}), (path.name, fields)
+        assert {6, 7, 9} <= levels(r)
+        if not fields:  # the framework alone: same engines, same step-0 baseline and trainer file
+            assert not r["consequences"]["baseline"]["invalidated"]
+            assert not r["consequences"]["trainer_precision_file"]["changes"]

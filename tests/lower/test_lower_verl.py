@@ -15,13 +15,15 @@ from pathlib import Path
 import pytest
 
 from pcc.lower import Unsupported, lower, targets_for
+from pcc.lower import compile_file as check_file  # resolve, check and lower every target: what `pcc check` runs
 from pcc.lower.verl import LAUNCH, OVERRIDES_FILE
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16 = (ROOT / "contracts" / "vllm" / "bf16_baseline.prec").read_text(encoding="utf-8")
-# Contracts verl runs as shipped; the rest are refused with a code (test_what_verl_cannot_run_is_refused).
-SHIPPED = ["bf16_baseline.prec", "vllm/bf16_baseline.prec", "vllm/unified_fp8.prec", "vllm/tiny_cpu.prec"]
+# Contracts verl runs: the shipped verl variants (contracts/verl/, `framework verl`) and a vLLM BF16 contract lowered
+# for verl directly; the shipped contracts verl cannot run are refused with a code (test_what_verl_cannot_run_is_refused).
+SHIPPED = sorted(f"verl/{p.name}" for p in (ROOT / "contracts" / "verl").glob("*.prec")) + ["vllm/bf16_baseline.prec"]
 LOG_RATIO = [[0.1, -1.0, 1.0, 0.9], [0.1, -0.2, 0.3, 0.0]]
 MASK = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]]
 
@@ -74,10 +76,14 @@ def verl_checked(tmp_path_factory):
             "version": out["version"]}
 
 
-def test_verl_is_a_run_time_framework_not_a_contract_target():
-    plan = compile_file(str(ROOT / "contracts" / "vllm" / "unified_fp8.prec")).plan
-    assert "verl" not in targets_for(plan)
-    low = lower(plan, "verl")
+def test_verl_is_the_target_of_the_framework_a_contract_names():
+    def names(rel):
+        return targets_for(compile_file(str(ROOT / "contracts" / rel)).plan)
+
+    assert "verl" in names("verl/unified_fp8.prec") and "miles" not in names("verl/unified_fp8.prec")
+    assert "miles" in names("unified_fp8.prec") and "verl" not in names("unified_fp8.prec")
+    assert not {"miles", "verl"} & set(names("vllm/unified_fp8.prec"))  # no framework: the engines' files only
+    low = lower(compile_file(str(ROOT / "contracts" / "verl" / "unified_fp8.prec")).plan, "verl")
     assert low.files[OVERRIDES_FILE].splitlines() == low.args
 
 
@@ -101,7 +107,7 @@ def test_verl_composes_and_builds_every_job(verl_checked, name):
 def test_unified_fp8_on_verl(verl_checked):
     """Unified FP8 (seed): verl's online block-FP8 rollout, Megatron blockwise FP8 through TransformerConfig,
     R3 in both the rollout and the actor's router replay."""
-    got = verl_checked["jobs"]["vllm/unified_fp8.prec"]
+    got = verl_checked["jobs"]["verl/unified_fp8.prec"]
     assert got["rollout"]["quantization"] == "fp8"
     assert got["rollout"]["enable_rollout_routing_replay"] is True and got["actor"]["router_replay"] == "R3"
     te = got["actor"]["transformer"]
@@ -110,7 +116,7 @@ def test_unified_fp8_on_verl(verl_checked):
                                       "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1,
                                       "use_distributed_optimizer": True}
     assert got["env"]["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
-    assert verl_checked["jobs"]["vllm/tiny_cpu.prec"]["actor"]["engine"]["use_distributed_optimizer"] is False
+    assert verl_checked["jobs"]["verl/tiny_cpu.prec"]["actor"]["engine"]["use_distributed_optimizer"] is False
     assert verl_checked["jobs"]["vllm/bf16_baseline.prec"]["rollout"]["quantization"] is None
 
 
@@ -154,11 +160,19 @@ def test_verl_rejects_mistyped_keys(verl_checked):
 
 @pytest.mark.parametrize("name, code", [
     ("glm52_fp8_rollout.prec", "PCC629"), ("int4_qat_w4a16.prec", "PCC629"), ("unified_fp8.prec", "PCC626"),
+    ("k3_mxfp4_lora.prec", "PCC626"), ("mxfp8_blackwell.prec", "PCC626"), ("qwen38_nvfp4_lora.prec", "PCC626"),
     ("vllm/qwen38_nvfp4_lora.prec", "PCC626"), ("selective_nvfp4.prec", "PCC625")])
-def test_what_verl_cannot_run_is_refused(name, code):
-    with pytest.raises(Unsupported) as exc:
-        lower(compile_file(str(ROOT / "contracts" / name)).plan, "verl")
-    assert exc.value.code == code
+def test_what_verl_cannot_run_is_refused(name, code, tmp_path):
+    """The shipped contracts without a contracts/verl/ variant: with `framework verl`, `pcc check` refuses each
+    with verl's code, positioned in the parent contract on the statement that asks for what verl lacks."""
+    parent = ROOT / "contracts" / name
+    child = tmp_path / "c.prec"
+    child.write_text(f'contract c extends "{parent}" {{\n  framework verl\n}}\n', encoding="utf-8")
+    checked = check_file(str(child))
+    errors = [d for d in checked.diagnostics if d.is_error]
+    assert not checked.ok and [d.code for d in errors] == [code], [d.render() for d in errors]
+    assert errors[0].span is not None and Path(errors[0].span.file).resolve().parent in (
+        parent.parent.resolve(), (ROOT / "contracts").resolve())  # the parent, or its own parent's file
 
 
 def test_partial_qkv_lora_and_mis_without_low_are_refused(tmp_path):

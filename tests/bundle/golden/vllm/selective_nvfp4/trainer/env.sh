@@ -1,0 +1,1 @@
+export NVTE_BACKWARD_OVERRIDE=high_precision
