@@ -3,6 +3,7 @@ converters a user would pick instead, interleaved, on the machine as it is.
 
     python bench/convert.py [--rounds 3] [--busy]   # generates the checkpoint once under $TMPDIR, then reuses it
     python bench/convert.py --calibration          # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
+    python bench/convert.py --memory [--baseline DIR]   # peak RSS with 512 MiB weights, per layout and source
 
 Methods, each run in its own process (so its peak RSS is its own), all writing durably (every output
 file fsynced before the clock stops):
@@ -17,6 +18,10 @@ best round. Cores and load average are printed before and after. `--busy` runs a
 beside it all.
 `--calibration`: the cost of NVFP4 input-scale calibration (docs/convert.md "Input scales"), each
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
+`--memory`: peak RSS of `pcc convert` (no calibration) of a one-layer dense model whose MLP weights are
+512 MiB each in BF16 ([65536, 4096]), per rollout layout whose scale needs the whole tensor and per
+quantized source (made from the BF16 one by `pcc convert`); `--baseline DIR` also runs each with the
+pcc of another checkout (e.g. `git archive` of an older commit), side by side.
 """
 
 from __future__ import annotations
@@ -68,6 +73,82 @@ CALIBRATION = {
     "dense 886M": {**_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 12,
                    "num_attention_heads": 16, "num_key_value_heads": 8},
 }
+
+
+MEMORY_ROOT = ROOT / "memory"
+MEMORY_CONFIG = {**_LLAMA, "hidden_size": 4096, "intermediate_size": 65536, "num_hidden_layers": 1,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 1024}
+# label -> (source: "bf16", or the scheme the BF16 source is first converted into; rollout scheme; hardware)
+MEMORY = {
+    "bf16 -> fp8_block": ("bf16", "fp8_block", "H100"),
+    "bf16 -> fp8_tensor": ("bf16", "fp8_tensor", "H100"),
+    "bf16 -> nvfp4": ("bf16", "nvfp4", "B200"),
+    "fp8_block -> nvfp4": ("fp8_block", "nvfp4", "B200"),
+    "fp8_tensor -> nvfp4": ("fp8_tensor", "nvfp4", "B200"),
+    "nvfp4 -> fp8_block": ("nvfp4", "fp8_block", "B200"),
+    "int4_g128 -> fp8_block": ("int4_g128", "fp8_block", "H100"),
+}
+_HARDWARE = {"fp8_block": "H100", "fp8_tensor": "H100", "int4_g128": "H100", "nvfp4": "B200"}
+
+
+def memory_contract(src: Path, scheme: str, hardware: str) -> Path:
+    path = src.parent / f"{src.name}-to-{scheme}.prec"
+    path.write_text(f'contract mem {{\n  model from "{src}"\n  hardware {hardware}\n  rollout sglang {{\n'
+                    f"    linear : {scheme}\n    keep bf16 : embed, lm_head, norm\n  }}\n"
+                    "  trainer megatron {\n    gemm : bf16\n    optimizer adam\n  }\n  trainable all\n"
+                    "  sync full_weights { schedule colocated bridge bf16 activation atomic }\n}\n")
+    return path
+
+
+def memory_source(kind: str) -> Path:
+    """The BF16 source, or it converted into `kind` (made once, by this checkout's pcc)."""
+    from pcc.convert.run import convert
+
+    bf16 = MEMORY_ROOT / "bf16"
+    generate(bf16, MEMORY_CONFIG)
+    if kind == "bf16":
+        return bf16
+    src = MEMORY_ROOT / kind
+    if not (src / "pcc_convert.json").is_file():
+        convert(str(memory_contract(bf16, kind, _HARDWARE[kind])), str(bf16), str(src), force=True, calibrate=False)
+    return src
+
+
+def memory_child(label: str) -> None:
+    from pcc.convert.run import convert
+
+    kind, scheme, hardware = MEMORY[label]
+    src = MEMORY_ROOT / kind
+    dst = MEMORY_ROOT / "out"
+    shutil.rmtree(dst, ignore_errors=True)
+    t0 = time.perf_counter()
+    convert(str(memory_contract(src, scheme, hardware)), str(src), str(dst), calibrate=False)
+    secs = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    shutil.rmtree(dst, ignore_errors=True)
+    print(json.dumps({"seconds": secs, "peak_rss": rss}))
+
+
+def memory(baseline: str | None) -> None:
+    here = str(Path(__file__).resolve().parents[1])
+    trees = {"now": here} | ({"baseline": str(Path(baseline).resolve())} if baseline else {})
+    for kind in dict.fromkeys(k for k, _, _ in MEMORY.values()):
+        subprocess.run([sys.executable, __file__, "--memory-source", kind], check=True,
+                       env=os.environ | {"PYTHONPATH": here})
+    size = sum(f.stat().st_size for f in (MEMORY_ROOT / "bf16").glob("*.safetensors"))
+    print(f"source {MEMORY_ROOT / 'bf16'}: {size / 2**30:.2f} GiB BF16, MLP weights 512 MiB each; {machine()}")
+    print(f"{'conversion':<26}" + "".join(f"{t + ' peak RSS':>20}{'s':>7}" for t in trees))
+    for label in MEMORY:
+        row = f"{label:<26}"
+        for tree in trees.values():
+            out = subprocess.run([sys.executable, __file__, "--memory-child", label], capture_output=True, text=True,
+                                 env=os.environ | {"PYTHONPATH": tree})
+            if out.returncode != 0:
+                raise SystemExit(f"{label} ({tree}) failed:\n{out.stderr[-3000:]}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            row += f"{r['peak_rss'] / 2**20:>16.0f} MiB{r['seconds']:>7.1f}"
+        print(row, flush=True)
+    print("after: " + machine())
 
 
 def calibration_source(label: str) -> tuple[Path, dict]:
@@ -280,6 +361,15 @@ def main() -> None:
         return
     if sys.argv[1:] == ["--calibration"]:
         calibration()
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-source":
+        memory_source(sys.argv[2])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-child":
+        memory_child(sys.argv[2])
+        return
+    if sys.argv[1:2] == ["--memory"]:
+        memory(sys.argv[3] if sys.argv[2:3] == ["--baseline"] and len(sys.argv) == 4 else None)
         return
     import argparse
 

@@ -19,8 +19,8 @@ from pcc.models.base import CatalogError
 from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
 
-__all__ = ["Encoded", "Encoding", "View", "copied_tensors", "copies", "finite", "read", "read_small_int", "recognize",
-           "rollout_of"]
+__all__ = ["Encoded", "Encoding", "View", "copied_tensors", "copies", "finite", "read", "read_rows", "read_small_int",
+           "recognize", "rollout_of", "row_unit"]
 
 
 def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:
@@ -93,6 +93,46 @@ def read(src, enc: Encoding) -> Encoded:
             x = src.load(t)
         parts[role] = x
     return Encoded(enc, parts)
+
+
+def row_unit(enc: Encoding) -> int:
+    """Rows of `enc` that share a stored row of some part: a row piece (`read_rows`) starts on a multiple
+    (block FP8's scale rows, INT4's zero points packed 8 rows to a word)."""
+    if enc.kind == "fp8_block":
+        return enc.block[0]
+    return 8 if enc.kind == "int4" and not enc.symmetric else 1
+
+
+# Parts stored one row (or one `row_unit` of rows) at a time; the others (global scales, `weight_shape`,
+# a tensor scale) are read whole.
+_ROW_PARTS = {"fp8_block": ("weight", "scale"), "fp8_tensor": ("weight",), "nvfp4": ("weight", "scale"),
+              "int4": ("weight", "scale", "zero_point"), "mxfp4": ("weight", "scale")}
+
+
+def read_rows(src, enc: Encoding, r0: int, r1: int) -> Encoded:
+    """Rows [r0, r1) of `enc` as an Encoded of that many rows, reading only their bytes of the row-stored
+    parts (r0 a multiple of `row_unit`), so a quantized weight streams like a BF16 one; its dequantized
+    values are those rows of the whole weight's."""
+    from dataclasses import replace
+
+    n, k = enc.shape
+    unit = row_unit(enc)
+    parts = {}
+    for role, t in enc.parts:
+        shape = src.entries[t]["shape"]
+        if role not in _ROW_PARTS[enc.kind]:
+            parts[role] = src.load(t)
+            continue
+        if enc.kind == "mxfp4":  # [E, rows, ...]: this expert's rows, gate at 2r and up at 2r + 1 for gate_up
+            width, step = math.prod(shape[2:]), 1 if enc.rows == "all" else 2
+            a = enc.expert * shape[1] + r0 * step
+            x = src.load_piece(t, a * width, (r1 - r0) * step * width).reshape(-1, *shape[2:])
+            parts[role] = x if step == 1 else x[0 if enc.rows == "even" else 1::2]
+            continue
+        per = unit if role == "zero_point" or (role == "scale" and enc.kind == "fp8_block") else 1
+        a, b, width = r0 // per, -(-r1 // per), math.prod(shape[1:])
+        parts[role] = src.load_piece(t, a * width, (b - a) * width).reshape(b - a, *shape[1:])
+    return Encoded(replace(enc, shape=(r1 - r0, k)), parts)
 
 
 def _rows_by(n: int, k: int, unit: int):
@@ -275,23 +315,25 @@ def _has_e4m3_nan(t) -> bool:
     return False
 
 
-def rollout_of(plan, i: int, loaded, amax=None) -> dict:
+def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None) -> dict:
     """Operator i's rollout tensors from what the source holds: a plain tensor goes through
     `rollout_tensors`; an encoded one is copied when its encoding is the rollout scheme's, else
     dequantized (float32) and quantized again, or, kept wide, written as its BF16 rounding. The one
-    function `pcc convert` writes with and `pcc verify-checkpoint --source` checks against. `amax`:
-    an NVFP4 scale group's (`rollout_tensors`)."""
+    function `pcc convert` writes with and `pcc verify-checkpoint --source` checks against. `amax`
+    and `rows` as for `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy)."""
     from pcc.layout.tensors import rollout_tensors
     from pcc.lower.converter import tensor_targets
 
     if not isinstance(loaded, Encoded):
-        return rollout_tensors(plan, i, loaded, amax=amax)
+        return rollout_tensors(plan, i, loaded, rows=rows, amax=amax)
     t = tensor_targets(plan, i)
     if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]):
+        if rows is not None:
+            raise ValueError(f"{loaded.enc.name}: a copied encoding is written whole, not in rows")
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])
     if t["layout"] == "wide":
         import torch
 
         (name, want), = t["targets"].items()
         return {name: loaded.dequantize(getattr(torch, want["dtype"]))}
-    return rollout_tensors(plan, i, loaded.dequantize(), amax=amax)
+    return rollout_tensors(plan, i, loaded.dequantize(), rows=rows, amax=amax)

@@ -103,10 +103,11 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     A fused target is written once its last part has been computed. A source `input_scale` the plan
     also lists as an operator's target is written there (carried over), not copied a second time.
     `copy`: written as stored, in pieces; `rows`: quantized in row pieces of a multiple of this many
-    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows);
+    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows; a
+    quantized source's requantized or widened weight whose float32 values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
     quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale)."""
-    from pcc.convert.quantized import copies
+    from pcc.convert.quantized import copies, row_unit
     from pcc.layout.tensors import piece_rows
 
     items, order, seen = [], [], {}
@@ -131,6 +132,8 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
         layout = doc["recipes"][e["recipe"]]["layout"]
         enc = src.view.encodings.get(e["source"])
         requantized = enc is not None and not copies(enc, plan.scheme("rollout", plan.index[e["source"]]), layout)
+        if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
+            item["rows"] = math.lcm(1 if layout == "wide" else piece_rows(plan, plan.index[e["source"]]), row_unit(enc))
         item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout in _GLOBAL_SCALE
                            and (stored or requantized) and ("scale_group" in e or item["rows"]) else None)
         items.append(item)
@@ -164,6 +167,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
               input_scales: dict) -> None:
     import torch
 
+    from pcc.convert.quantized import read_rows
     from pcc.layout.tensors import place_fused
     from pcc.lower.converter import tensor_targets
 
@@ -200,6 +204,16 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                         if stop.is_set():
                             return
                         put(loaded, (it, (first, src.load_piece(name, first, n, into=buf), first + n >= count), buf))
+                    continue
+                enc = src.view.encodings.get(name)
+                if it["rows"] and enc is not None:  # a quantized source's rows: about PIECE_BYTES as float32
+                    nrows, k = enc.shape
+                    step = max(1, PIECE_BYTES // (4 * k) // it["rows"]) * it["rows"]
+                    for r0 in range(0, nrows, step):
+                        if stop.is_set():
+                            return
+                        r1 = min(r0 + step, nrows)
+                        put(loaded, (it, (r0, read_rows(src, enc, r0, r1), r1 >= nrows), None))
                     continue
                 if it["rows"]:  # quantized in row pieces of about PIECE_BYTES
                     nrows, *rest = src.entries[name]["shape"]
@@ -275,10 +289,11 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
                 r0, rows, final = tensor
                 got = {n: input_scales.get(n, t) for n, t in _rows_piece(plan, src, it, r0, rows).items()}
-                buffers.give(buf)
+                if buf is not None:
+                    buffers.give(buf)
                 names = list(got)
                 if writer.wanted(names[0]):
-                    put(out, (names[0], got[names[0]], rows.numel() * rows.element_size(), None, final))
+                    put(out, (names[0], got[names[0]], _nbytes(rows), None, final))
                 for n in names[1:]:
                     row_parts.setdefault(n, []).append(got[n])
                 if final:
@@ -351,15 +366,22 @@ class _Buffers:
 
 
 def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
-    """Rollout tensors of rows [r0, r0 + len(rows)) of a weight (pcc.layout.tensors.rollout_tensors)."""
-    from pcc.layout.tensors import rollout_tensors
+    """Rollout tensors of rows [r0, r0 + n) of a weight, `rows` those rows as stored or encoded
+    (pcc.convert.quantized.rollout_of)."""
+    from pcc.convert.quantized import Encoded, rollout_of
 
     file = src.file_of(it["source"])
+    n = rows.enc.shape[0] if isinstance(rows, Encoded) else rows.shape[0]
     try:
-        return rollout_tensors(plan, plan.index[it["source"]], rows, rows=slice(r0, r0 + rows.shape[0]),
-                               amax=it.get("amax"))
-    except ValueError as err:
-        raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + rows.shape[0]})") from None
+        return rollout_of(plan, plan.index[it["source"]], rows, amax=it.get("amax"), rows=slice(r0, r0 + n))
+    except (ValueError, ConvertError) as err:
+        raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + n})") from None
+
+
+def _nbytes(t) -> int:
+    """Bytes read for a piece: a stored tensor's, or an encoded piece's parts'."""
+    parts = t.parts.values() if hasattr(t, "parts") else [t]
+    return sum(p.numel() * p.element_size() for p in parts)
 
 
 def _amax(src: Source, members: tuple, buffers: "_Buffers"):
@@ -367,13 +389,19 @@ def _amax(src: Source, members: tuple, buffers: "_Buffers"):
     about PIECE_BYTES, a quantized source's dequantized): the amax of one global scale."""
     import torch
 
+    from pcc.convert.quantized import read_rows, row_unit
     from pcc.numerics import tensor_amax
 
     found = []
     for name in members:
         try:
-            if not src.stored(name):
-                found.append(tensor_amax(src.read(name).dequantize(), name))
+            enc = src.view.encodings.get(name)
+            if enc is not None:  # its dequantized values, a piece of rows at a time
+                unit = row_unit(enc)
+                step = max(unit, PIECE_BYTES // (4 * enc.shape[1]) // unit * unit)
+                for r0 in range(0, enc.shape[0], step):
+                    rows = read_rows(src, enc, r0, min(r0 + step, enc.shape[0])).dequantize()
+                    found.append(tensor_amax(rows, name))
                 continue
             nrows, *rest = src.entries[name]["shape"]
             width = math.prod(rest)
