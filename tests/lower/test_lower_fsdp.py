@@ -269,3 +269,25 @@ def test_torchao_rejects_what_pcc_refuses(tmp_path):
         if os.environ.get("CI") == "true":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
+
+
+def test_fuzzed_fsdp_contracts_check_and_compile_alike(tmp_path):
+    """tests/test_fuzz_pipeline.py's mutations on the shipped contracts with 'trainer fsdp': no input
+    escapes as an exception, the .prec and YAML twins agree, and a contract that checks writes a bundle."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_fuzz_pipeline as fuzz
+
+    bases = [fuzz._base(p) for p in fuzz.CONTRACTS]
+    broken, compiled = [], 0
+    for seed in range(200):
+        base = json.loads(json.dumps(bases[seed % len(bases)]))
+        base.pop("framework", None)
+        base["trainer"] = {**base.get("trainer", {}), "engine": "fsdp", "parallel": {"tp": 1, "ep": 1, "pp": 1}}
+        moe = base.get("routing_replay", "none") != "none" or "experts" in json.dumps(base)  # as the fuzz test picks
+        if (problem := fuzz.run_case(base, seed, moe, tmp_path)) is not None:
+            broken.append(problem)
+        compiled += check_file(str(tmp_path / f"c{seed}.prec")).ok
+    assert not broken, broken[0]
+    assert compiled > 10  # the cases reach the fsdp target's lowering, not only the checker's errors
