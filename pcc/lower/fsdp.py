@@ -35,7 +35,7 @@ def tables() -> dict:
 
 
 def module_name(tensor: str) -> str:
-    """The torch module that holds a checkpoint tensor ("model.layers.0.mlp.gate.weight" -> "model.layers.0.mlp.gate")."""
+    """The torch module that holds a checkpoint tensor ("model.layers.0.mlp.gate.weight" -> "...mlp.gate")."""
     return tensor.removesuffix(".weight")
 
 
@@ -263,8 +263,11 @@ def _lora(plan: Plan, converted: set[str]) -> dict | None:
             "target_modules": sorted(names)}
 
 
-def _gemm_text(cfg: dict) -> dict[str, str]:
-    """What each GEMM of a Float8Linear group runs, in torchao's cast names (for the reader)."""
+def _gemm_text(kind: str, cfg: dict) -> dict[str, str]:
+    """What each GEMM of a group runs (for the reader; the config is what torchao reads)."""
+    if kind != "float8":
+        return tables()["gemms"][kind] if kind != "mxfp8" else {
+            **tables()["gemms"]["mxfp8"], **({"wgrad": "high precision"} if cfg["wgrad_with_hp"] else {})}
     out = {}
     for comp, fields in tables()["float8_casts"].items():
         parts = [f"{c.removeprefix('cast_config_')} {v['scaling_granularity']} {v['target_dtype']}"
@@ -303,8 +306,8 @@ def lower_fsdp(plan: Plan) -> Lowered:
         groups.setdefault(key, {"kind": mode, "config": cfg, "modules": []})["modules"].append(name)
     if c.trainer.param_gather == "fp8":
         f8 = [g for g in groups.values() if g["kind"] == "float8"]
-        if not f8 or any(g["config"]["casts"]["cast_config_weight"]["scaling_granularity"] != "tensorwise" for g in f8) \
-                or len(f8) != len(groups):
+        per_tensor = all(g["config"]["casts"]["cast_config_weight"]["scaling_granularity"] == "tensorwise" for g in f8)
+        if not f8 or not per_tensor or len(f8) != len(groups):
             unsupported("PCC641", "FP8 parameter all-gather in FSDP2 is torchao's enable_fsdp_float8_all_gather, "
                         "which needs every quantized module on a Float8Linear with per-tensor weight scales",
                         "trainer.param_gather", hint="use per-tensor FP8 weights, or 'param_gather bf16'")
@@ -316,7 +319,7 @@ def lower_fsdp(plan: Plan) -> Lowered:
     for g in groups.values():
         if g["kind"] == "float8":
             g["config"].setdefault("enable_fsdp_float8_all_gather", False)
-            g["gemms"] = _gemm_text(g["config"])
+        g["gemms"] = _gemm_text(g["kind"], g["config"])
         out.notes.append(f"{g['kind']}: {len(g['modules'])} module(s)"
                          + (f", recipe {g['config']['recipe']}" if g["config"].get("recipe") else ""))
     doc["low_precision"] = list(groups.values())

@@ -156,7 +156,8 @@ def _child(request: dict) -> dict:
         for g in doc["low_precision"]:
             cfg, names = build(g["kind"], g["config"]), set(g["modules"])
             configs.append(repr(cfg))
-            if g["kind"] == "blockwise" and not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9):
+            sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+            if g["kind"] == "blockwise" and not sm90:
                 unchecked["blockwise"] = "Float8BlockwiseLinear is built on an SM90+ GPU only (the config is checked)"
             elif g["kind"] == "float8":
                 convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in names, config=cfg)

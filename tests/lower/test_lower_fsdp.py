@@ -150,8 +150,9 @@ def test_one_operand_quantized_is_refused(tmp_path):
 
 def test_two_scale_dtypes_in_one_module_are_refused(tmp_path):
     p = tmp_path / "c.prec"
-    p.write_text("contract c {\n  model qwen3_8b\n  hardware H100\n  scheme rp = fp8_e4m3 weights row activations token "
-                 "scale pow2\n  rollout sglang {\n  }\n  trainer fsdp {\n    fprop linear : fp8_row real\n"
+    p.write_text("contract c {\n  model qwen3_8b\n  hardware H100\n"
+                 "  scheme rp = fp8_e4m3 weights row activations token scale pow2\n"
+                 "  rollout sglang {\n  }\n  trainer fsdp {\n    fprop linear : fp8_row real\n"
                  "    dgrad linear : rp real\n  }\n}\n", encoding="utf-8")
     exc = _refused(compile_file(str(p)).plan)
     assert exc.code == "PCC640" and "FP32 and power-of-two scales" in exc.message
