@@ -2,7 +2,7 @@
 compiles to the same bundle.
 
 Each case mutates a shipped contract (one extra rollout or trainer rule, a keep rule,
-another hardware, parallel sizes, sync or trainable changes), writes it as .prec and as
+another hardware, parallel sizes, sync or trainable changes, another framework and rollout engine), writes it as .prec and as
 YAML, and runs both through `pcc.lower.compile_file` (what `pcc check` and `pcc compile`
 run) and `bundle_files`. Any exception is a failure; so is a contract whose .prec and
 YAML twins disagree, or one that checks but does not write a bundle. The model is
@@ -75,6 +75,9 @@ def mutate(base: dict, rng: random.Random, moe: bool) -> dict:
         else:
             d["sync"] = {**d.get("sync", {}), "schedule": rng.choice(["colocated", "async"]),
                          "max_staleness": rng.choice([0, 1, 2]), "interval": rng.choice([1, 4])}
+    if rng.random() < 0.1:  # another framework: its refusals (PCC625-PCC630) are diagnostics, never exceptions
+        d["framework"] = rng.choice(["miles", "verl"])
+        d.setdefault("rollout", {})["engine"] = rng.choice(["sglang", "vllm"])
     return d
 
 

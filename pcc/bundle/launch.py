@@ -25,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from pcc.lower import PATH_VARIABLES
 from pcc.lower.miles import JOB_FILE, JOB_VARIABLE, MODEL_ARGS
@@ -123,7 +124,7 @@ class Launch:
     env: dict[str, str]  # the environment the script runs in
     document: dict  # the --dry-run --json result
     comments: list[str]  # the --dry-run text before the command
-    missing: list[str]
+    missing: Callable[[], list[str]]  # asked only when launching (verl's asks python3)
 
 
 def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
@@ -161,7 +162,7 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     comments += [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
                  f"{o['bundle'] or '(no value)'}" for o in changed]
     comments.append(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
-    return Launch(command, launch, env, document, comments, missing(env))
+    return Launch(command, launch, env, document, comments, lambda: missing(env))
 
 
 def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
@@ -185,7 +186,7 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     comments = ["# environment (inside the overrides: Ray's runtime_env for every worker)"]
     comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
     comments.append(f"# verl {tab['version']}, as {LAUNCH} runs it; the job's own overrides follow the bundle's")
-    return Launch(command, bundle / LAUNCH, env, document, comments, verl_missing(env))
+    return Launch(command, bundle / LAUNCH, env, document, comments, lambda: verl_missing(env))
 
 
 def verl_missing(env: dict[str, str]) -> list[str]:
@@ -232,9 +233,10 @@ def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra:
                 print("\n".join(launch.comments))
                 print(shlex.join(launch.command))
             return 0
-        if launch.missing:
+        problems = launch.missing()
+        if problems:
             print(f"error: cannot launch on {name}:", file=sys.stderr)
-            for p in launch.missing:
+            for p in problems:
                 print(f"  - {p}", file=sys.stderr)
             return 1
         return subprocess.call(["bash", str(launch.script), *extra], env=launch.env)

@@ -16,7 +16,7 @@ from pcc.lower import get_target, lower, targets_for
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = sorted((ROOT / "contracts").glob("*.prec"))
+CONTRACTS = sorted((ROOT / "contracts").glob("*.prec")) + sorted((ROOT / "contracts" / "verl").glob("*.prec"))
 RESOLVED = {"name", "extends", "model", "hardware", "schemes", "rollout.engine", "trainer.engine"}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_engine_flags import groups, problems  # noqa: E402  the flag file's check
@@ -50,7 +50,7 @@ def _plan(tmp_path, body: str, name: str = "c"):
     return c.plan
 
 
-@pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CONTRACTS, ids=lambda p: str(p.relative_to(ROOT / "contracts")))
 def test_every_field_a_shipped_contract_sets_is_honoured_or_reported(path):
     plan = compile_file(str(path)).plan
     assert not unhonoured(plan), f"{path.name}: fields no target honours or reports: {unhonoured(plan)}"
