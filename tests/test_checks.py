@@ -30,6 +30,7 @@ NO_FIXTURE = {
     "PCC803": "the source's precedence differs from pcc's", "PCC804": "a source setting pcc states differently",
     "PCC806": "a source entry the consuming engine ignores", "PCC807": "an engine switch pcc has no field for",
     "PCC808": "a contract field the source does not carry", "PCC809": "a launch that contradicts its checkpoint",
+    "PCC810": "a source key its tool does not have",
     "PCC100": "the parser's defensive catch-all; see test_pcc100_internal_parser_failure",
     # PCC7xx: errors of running a bundle, not of a contract's text (test_running_errors_carry_codes)
     "PCC701": "a bundle that cannot be written or read", "PCC702": "a checkpoint conversion that cannot go on",

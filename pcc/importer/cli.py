@@ -1,5 +1,5 @@
 """`pcc import KIND SOURCE [--model M] [--hardware H] [-o CONTRACT.prec] [--json]`: exit 0 with
-the contract written (warnings PCC802-PCC809 reported), 1 when the source cannot be imported (a
+the contract written (warnings PCC802-PCC810 reported), 1 when the source cannot be imported (a
 coded error), 2 when SOURCE names nothing readable (docs/cli.md). The handler is `fn(args, rep)`."""
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def cmd_import(args, rep) -> int:
 def register(subparsers) -> None:
     from pcc.importer import KINDS
 
-    s = subparsers.add_parser("import", help="a contract from a checkpoint's quantization config or a Miles launch "
-                              "(docs/import.md)")
+    s = subparsers.add_parser("import", help="a contract from a checkpoint's quantization config, a Miles launch, a "
+                              "verl job or a Transformer Engine precision file (docs/import.md)")
     s.add_argument("kind", metavar="KIND", choices=KINDS, help=f"what SOURCE is: {', '.join(KINDS)}")
     s.add_argument("source", metavar="SOURCE", help="checkpoint: a checkpoint directory, config.json, "
                    "hf_quant_config.json or quantization_config JSON; miles: a launch script, an argument file or "
-                   "a pcc bundle directory")
+                   "a pcc bundle directory; verl: a Hydra YAML config, a launch script, an argument file of Hydra "
+                   "overrides or the folder pcc writes a verl job to; te: a TE per-module precision YAML")
     s.add_argument("--model", help="resolve against this checkpoint directory or catalog name (default: the "
-                   "checkpoint directory SOURCE names)")
+                   "checkpoint directory SOURCE names: --hf-checkpoint, actor_rollout_ref.model.path)")
     s.add_argument("--hardware", help="the hardware the contract states (targets/hardware.yaml); the source "
                    "rarely says it")
     s.add_argument("-o", "--out", metavar="CONTRACT.prec", help="write the contract to this file (default: stdout)")

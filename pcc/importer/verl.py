@@ -33,7 +33,7 @@ CORR = "algorithm.rollout_correction"
 ENV = "ray_kwargs.ray_init.runtime_env.env_vars"
 # verl 0.9.1's defaults for the keys read here (the composed ppo_trainer / ppo_megatron_trainer;
 # tests/importer/test_verl.py checks each against verl's own composed config).
-DEFAULTS = {
+_BASE = {
     f"{R}.tensor_model_parallel_size": 2, f"{R}.data_parallel_size": 1, f"{R}.expert_parallel_size": 1,
     f"{R}.pipeline_model_parallel_size": 1, f"{R}.quantization": None, f"{R}.quantization_config_file": None,
     f"{R}.dtype": "bfloat16", f"{R}.calculate_log_probs": True, f"{R}.full_determinism": False,
@@ -52,6 +52,11 @@ DEFAULTS = {
     "trainer.use_v1": True, "trainer.v1.trainer_mode": "sync", "trainer.v1.sampler.max_off_policy_threshold": 8,
     "trainer.v1.separate_async.parameter_sync_step": 4,
 }
+_MEGATRON_ONLY = (f"{MEGA}.", f"{M}.lora.", f"{A}.optim.use_precision_aware_optimizer", f"{A}.optim.main_grads_dtype",
+                  f"{A}.optim.exp_avg")
+DEFAULTS = {k: v for k, v in _BASE.items() if not k.startswith(f"{A}.fsdp_config.")}  # ppo_megatron_trainer
+FSDP_DEFAULTS = {k: v for k, v in _BASE.items() if not k.startswith(_MEGATRON_ONLY)} | {
+    f"{A}.optim.optimizer": "AdamW"}  # ppo_trainer (FSDPOptimizerConfig)
 # override_transformer_config key -> the Megatron flag the trainer rules read (the inverse of
 # targets/verl.yaml megatron_args), for TransformerConfig fields pcc states.
 _TC_FLAGS = {"fp8": "--fp8-format", "fp8_recipe": "--fp8-recipe", "fp4": "--fp4-format", "fp4_recipe": "--fp4-recipe",
@@ -65,6 +70,7 @@ PRECISION = re.compile(r"fp8|fp4|fp16|bf16|fp32|int4|int8|dtype|precision|quant|
 # Free-form maps of verl's config (any key is passed on): override_* dicts, *kwargs, env vars.
 _FREE = re.compile(r"(^|\.)(override_\w+|\w*kwargs|env_vars|runtime_env|mbridge_config|override_config)$")
 NOT_IN_A_JOB = (
+    ("expect", "a verl job states no validation expectations; the contract states none"),
     ("rollout.record", "verl records log-probabilities (calculate_log_probs) and replays routes; 'versions' is pcc's"),
     ("sync.activation", "verl activates a synced version atomically (its weight update is a barrier)"),
     ("trainer.rules gemm", "Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' are not "
@@ -76,7 +82,7 @@ class _View:
     """The job's value for a key, else verl's default; which keys the import has read."""
 
     def __init__(self, job: Job):
-        self.job, self.read = job, set()
+        self.job, self.read, self.defaults = job, set(), DEFAULTS
 
     def entry(self, key: str) -> Entry | None:
         self.read.add(key)
@@ -85,7 +91,7 @@ class _View:
 
     def get(self, key: str, default=None):
         e = self.entry(key)
-        return e.value if e is not None else DEFAULTS.get(key, default)
+        return e.value if e is not None else self.defaults.get(key, default)
 
     def span(self, key: str):
         e = self.job.entries.get(key)
@@ -121,8 +127,9 @@ def _typed(imp: Imported, v: _View, key: str, kind, default=None):
 def import_verl(source: str, model: str | None, hardware: str | None = None) -> Imported:
     job = read_job(source)
     v = _View(job)
-    imp = Imported({"name": contract_name(source)}, source=job.file)
+    imp = Imported({"name": contract_name(source), "framework": "verl"}, source=job.file)
     megatron = _strategy(imp, v)
+    v.defaults = DEFAULTS if megatron else FSDP_DEFAULTS
     catalog, ref = load_model(model, _model_dir(v))
     imp.contract["model"] = ref
     env = _env(imp, v)
@@ -157,6 +164,9 @@ def _strategy(imp: Imported, v: _View) -> bool:
         raise ImportFailed(f"{job.file}: actor strategy {strategy!r} with config {job.config or 'ppo_trainer'}: pcc "
                            "imports the megatron and fsdp/fsdp2 actors", path=f"{A}.strategy", file=job.file,
                            span=v.span(f"{A}.strategy"))
+    for word, span in job.unread:
+        imp.warn("PCC808", f"{word}: overrides the script takes at run time are not read; the contract states what "
+                 "the script itself sets", "overrides", span=span)
     for text, span in job.defaults:
         imp.warn("PCC810", f"defaults entry {text!r}: pcc reads the trainer config and model_engine of a defaults "
                  "list; the keys this entry brings are not checked", "defaults", span=span)
@@ -203,7 +213,7 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
     kwargs = v.under(f"{R}.engine_kwargs.{name}")
     kv = kwargs.get("kv_cache_dtype")
     if kv is not None and kv.value not in (None, "auto", "bfloat16", "bf16"):
-        if kv.value not in _KV:
+        if not isinstance(kv.value, str) or kv.value not in _KV:
             imp.warn("PCC804", f"engine_kwargs.{name}.kv_cache_dtype {kv.value}: no pcc KV cache format",
                      f"{R}.engine_kwargs.{name}.kv_cache_dtype", span=kv.span)
         else:
@@ -291,7 +301,7 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         imp.warn("PCC807", f"{qat}: verl's QAT (NVFP4/W4A16 fake quantization through ModelOpt, its own quantization "
                  "config for the rollout) is not imported; the contract's trainer and rollout do not state it", qat,
                  span=v.span(qat))
-    kind = v.get(f"{optim}.optimizer")
+    kind = str(v.get(f"{optim}.optimizer")).lower()
     if kind not in ("adam", "adamw", "sgd"):
         imp.warn("PCC804", f"optim.optimizer {kind}: pcc states adam or sgd; written adam", f"{optim}.optimizer",
                  span=v.span(f"{optim}.optimizer"))
@@ -309,7 +319,7 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
 
 def _dtype(imp: Imported, v: _View, key: str) -> str:
     value = v.get(key)
-    if value not in _DTYPE and value != "fp8":
+    if not isinstance(value, str) or (value not in _DTYPE and value != "fp8"):
         raise ImportFailed(f"{imp.source}: {key} {value!r} is not a dtype pcc states (bf16, fp16, fp32)", path=key,
                            file=imp.source, span=v.span(key))
     return _DTYPE.get(value, value)
@@ -349,16 +359,16 @@ def _objective(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> Non
         sync["schedule"] = "colocated"
     elif tmode in ("separate_async", "colocate_async"):
         sync["schedule"] = "async"
-        limit = v.get("trainer.v1.sampler.max_off_policy_threshold")
+        limit = _typed(imp, v, "trainer.v1.sampler.max_off_policy_threshold", int)
         if limit is None:
             imp.warn("PCC804", "trainer.v1.sampler.max_off_policy_threshold null: staleness is unbounded, which a "
                      "contract cannot state; written max_staleness 1000 (pcc's limit)",
                      "trainer.v1.sampler.max_off_policy_threshold")
             sync["max_staleness"] = 1000
         else:  # verl drops a trajectory when global_steps - its steps + 1 > threshold
-            sync["max_staleness"] = max(0, int(limit) - 1)
+            sync["max_staleness"] = max(0, limit - 1)
         if tmode == "separate_async":
-            step = int(v.get("trainer.v1.separate_async.parameter_sync_step"))
+            step = _typed(imp, v, "trainer.v1.separate_async.parameter_sync_step", int)
             if step != 1:
                 sync["interval"] = step
         else:
@@ -417,7 +427,7 @@ def _lora(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> dict | N
         if not rank:
             return None
         names = v.get(f"{M}.lora.target_modules")
-        names = [names] if isinstance(names, str) else list(names or [])
+        names = [names] if isinstance(names, str) else [str(n) for n in names] if isinstance(names, list) else []
         inverse: dict[str, list[str]] = {}
         for fam, mod in tables()["megatron_lora_modules"].items():
             inverse.setdefault(mod, []).append(fam)
@@ -446,6 +456,9 @@ def _lora(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> dict | N
     if not rank:
         return None
     mods = v.get(f"{M}.target_modules")
+    if not isinstance(mods, (str, list)) or not mods:
+        raise ImportFailed(f"{imp.source}: model.target_modules {mods!r}: verl takes module names or all-linear",
+                           path=f"{M}.target_modules", file=imp.source, span=v.span(f"{M}.target_modules"))
     before = len(imp.diagnostics)
     targets = lora_targets(imp, catalog, mods if isinstance(mods, str) else ",".join(map(str, mods)))
     for n in range(before, len(imp.diagnostics)):
@@ -479,12 +492,14 @@ def _check_keys(imp: Imported, v: _View, config: str) -> None:
         found, default = _lookup(tree, key) if tree is not None else (None, None)
         if tree is not None:
             _report(imp, key, e, found, default, te_fields)
-        if key in v.read or not PRECISION.search(key) or key.startswith(ENV):
-            continue
+        if key in v.read or not PRECISION.search(key) or key.startswith(ENV) or found is False:
+            continue  # read, not precision, an environment variable, or already reported unknown
         if found is True and default == e.value:
             continue
         imp.warn("PCC807", f"{key} {e.value}: a verl key that carries precision and that pcc has no field for; the "
                  "contract does not state it", key, span=e.span)
+    unknown = {d.path for d in imp.diagnostics if d.code == "PCC810"}
+    imp.diagnostics[:] = [d for d in imp.diagnostics if not (d.code == "PCC807" and d.path in unknown)]
 
 
 def _lookup(tree: dict, key: str):

@@ -36,12 +36,17 @@ def _ask(request: dict) -> dict:
     if not (where / "verl" / "__init__.py").is_file():
         raise EngineMissing(f"verl is not installed in {where}")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "pcc.importer.verl_config"], input=json.dumps({**request, "dir": str(where)}),
-                          capture_output=True, text=True, timeout=600, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise EngineMissing(f"verl's configs could not be read (exit {proc.returncode}): {proc.stderr.strip()[-1000:]}")
-    return json.loads(lines[-1])
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pcc.importer.verl_config"],
+                              input=json.dumps({**request, "dir": str(where)}), capture_output=True, text=True,
+                              timeout=600, env=env)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise EngineMissing(f"verl's configs could not be read (exit {proc.returncode}): "
+                                f"{proc.stderr.strip()[-1000:]}")
+        return json.loads(lines[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise EngineMissing(f"verl's configs could not be read: {exc}") from None
 
 
 def _child(request: dict) -> dict:

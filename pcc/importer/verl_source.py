@@ -47,6 +47,7 @@ class Job:
     config_span: Span | None = None
     defaults: list[tuple[str, Span | None]] = field(default_factory=list)  # other defaults-list entries
     exports: dict[str, tuple[str, Span | None]] = field(default_factory=dict)
+    unread: list[tuple[str, Span | None]] = field(default_factory=list)  # `$@`, `$EXTRA`: expanded at run time
 
 
 class _Value:
@@ -225,8 +226,8 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
             start = pos
         body = raw.rstrip("\r\n")
         pos += len(raw)
-        if body.endswith("\\"):
-            buf.append(body[:-1] + " ")
+        if body.endswith("\\"):  # blanks as long as the backslash and line end: offsets stay the file's
+            buf.append(body[:-1] + " " * (len(raw) - len(body) + 1))
             continue
         buf.append(body)
         out.append((start, "".join(buf)))
@@ -282,6 +283,8 @@ def _script_line(job: Job, words: list[str], line: str, offset: int, assigned: d
         elif w in ("--config-path", "-cp"):
             k += 2
             continue
+        elif w.startswith("$") and "=" not in w:
+            job.unread.append((w, locate(w)))
         elif not w.startswith("-"):
             w = _REF.sub(lambda r: assigned.get(r[1] or r[2], r[0]), w) if "$" in w else w
             add_override(job, w, locate(w))

@@ -46,6 +46,10 @@ def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
 
     def walk(n, path: str):
         spans[path] = span_at(file, n.start_mark)
+        plain = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}.get(type(n))
+        if plain is not None and n.tag != plain:
+            raise ImportFailed(f"{file}: could not determine a constructor for the tag {n.tag!r} ({what}; only plain "
+                               "YAML is read)", file=file, span=span_at(file, n.start_mark))
         if isinstance(n, yaml.MappingNode):
             loader.flatten_mapping(n)  # YAML merge keys (<<), as the safe loader reads them
             out = {}

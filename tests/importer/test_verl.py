@@ -1,0 +1,436 @@
+"""pcc import verl and pcc import te.
+
+References: pcc's own verl lowering (every shipped contract verl runs goes out as overrides and comes
+back as the same Plan, less the fields a verl job cannot carry), verl's own composed Hydra configs
+(the defaults the import assumes, and the keys it accepts), Hydra's own override parser, and
+pcc's Megatron precision file for the TE import. Tests that need verl skip without it, except with
+CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_import import _differences
+
+from pcc.importer import ImportFailed, import_source
+from pcc.lower import compile_file, lower
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTRACTS = sorted(str(p.relative_to(ROOT / "contracts"))[:-5] for p in (ROOT / "contracts").rglob("*.prec"))
+# What a verl job cannot carry, per contract verl runs (pcc diff finds exactly these, nothing else):
+# no expectations; TE runs real GEMMs ('accumulate fp32 output bf16' and 'qdq' do not come back, as
+# for Miles); tiny_cpu's hardware (cpu) is not in a job.
+_GEMMS = ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")
+_EXPECT = {("expect", "route_agreement"), ("expect", "same_version")}
+_ALL = {(c, f) for c in ("fprop", "dgrad", "wgrad") for f in _GEMMS}
+_FWD = {("fprop", f) for f in _GEMMS}
+_CPU = {("placement", "rollout.hardware"), ("placement", "trainer.hardware")}
+_QDQ = {("placement", "trainer.fp8_recipe")}  # the fp8 recipe a plan of QDQ GEMMs names comes back real
+_FRAMEWORK = {("placement", "framework")}  # a contract that names no framework comes back 'framework verl'
+NOT_CARRIED = {
+    "bf16_baseline": _EXPECT | _FRAMEWORK,
+    "verl/bf16_baseline": _EXPECT,
+    "verl/miles_mode1": _EXPECT,
+    "verl/tiny_cpu": _EXPECT | _FWD | _QDQ | _CPU,
+    "verl/unified_fp8": _EXPECT | _ALL,
+    "verl/unified_fp8_fake_fwd": _EXPECT | _FWD | _QDQ,
+    "verl/unified_fp8_fake_fwd_bwd": _EXPECT | _ALL | _QDQ,
+    "vllm/bf16_baseline": _EXPECT | _FRAMEWORK,
+    "vllm/tiny_cpu": _EXPECT | _FWD | _QDQ | _CPU | _FRAMEWORK,
+    "vllm/unified_fp8": _EXPECT | _ALL | _FRAMEWORK,
+}
+
+
+def _verl_or_skip():
+    from pcc.importer.verl_config import verl_trees
+    from pcc.lower.verify_verl import EngineMissing
+
+    try:
+        return verl_trees()
+    except EngineMissing as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the verl checks: {exc}")
+        pytest.skip(f"verl is not installed ({exc}); see requirements/verl.txt")
+
+
+def _codes(imp) -> set[tuple[str, str | None]]:
+    return {(d.code, d.path) for d in imp.diagnostics}
+
+
+def _at(imp, code: str, path: str):
+    hits = [d for d in imp.diagnostics if d.code == code and d.path == path]
+    assert hits, f"no {code} at {path}: {[(d.code, d.path) for d in imp.diagnostics]}"
+    return hits[0]
+
+
+def _lowers_to_verl(name: str) -> bool:
+    from pcc.lang.diagnostics import Reporter
+    from pcc.lower import lower_all
+
+    c = compile_file(str(ROOT / "contracts" / f"{name}.prec"))
+    rep = Reporter()
+    lower_all(c.plan, rep, ("verl",))
+    return c.ok and not [d for d in rep.diagnostics if d.is_error]
+
+
+def test_the_round_trip_covers_every_contract_verl_runs():
+    assert sorted(NOT_CARRIED) == [n for n in CONTRACTS if _lowers_to_verl(n)]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if "fake" in n else n
+                                  for n in sorted(NOT_CARRIED)])
+def test_verl_round_trip(name, tmp_path):
+    """Lower to verl, import verl/overrides.txt (launch.sh names the config), same Plan."""
+    from pcc.diff import diff
+
+    _verl_or_skip()
+    src = str(ROOT / "contracts" / f"{name}.prec")
+    c = compile_file(src)
+    for rel, text in lower(c.plan, "verl").files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    imp = import_source("verl", str(tmp_path), c.plan.contract.model.catalog)
+    assert imp.contract["framework"] == "verl"
+    assert not [d for d in imp.diagnostics if d.code != "PCC808"], [d.render() for d in imp.diagnostics]
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert compile_file(str(out)).ok
+    assert _differences(diff(src, str(out))) == NOT_CARRIED[name]
+    assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"expect", "trainer.rules gemm"}
+
+
+def test_launch_script_pcc_writes_reads_as_its_argument_file(tmp_path):
+    c = compile_file(str(ROOT / "contracts" / "vllm" / "unified_fp8.prec"))
+    files = lower(c.plan, "verl").files
+    for rel, text in files.items():
+        (tmp_path / Path(rel).name).write_text(text)
+    from pcc.importer.verl_source import read_job
+
+    script, args = read_job(str(tmp_path / "launch.sh")), read_job(str(tmp_path / "overrides.txt"))
+    assert script.config == "ppo_megatron_trainer" and args.config is None
+    assert {k: (e.value, e.op) for k, e in script.entries.items()} == {k: (e.value, e.op) for k, e in args.entries.items()}
+    assert args.entries["actor_rollout_ref.rollout.quantization"].value == "fp8"
+    assert str(args.entries["actor_rollout_ref.rollout.quantization"].span).endswith("overrides.txt:13:1")
+
+
+# -- a verl YAML config, as verl's examples write them (FP8 rollout + Megatron FP8) -----------------
+
+EXAMPLE = """\
+hydra:
+  searchpath:
+    - pkg://verl.trainer.config
+
+defaults:
+  - ppo_megatron_trainer
+  - _self_
+
+data:
+  max_response_length: 4096
+
+actor_rollout_ref:
+  actor:
+    optim:
+      lr: 1e-6
+    megatron:
+      tensor_model_parallel_size: 2
+      expert_model_parallel_size: 8
+      override_transformer_config:
+        fp8: e4m3
+        fp8_recipe: blockwise
+        fp8_param: true
+        moe_router_dtype: fp32
+        fp8_wgrad: false
+        fp8_recipy: blockwise
+      router_replay:
+        mode: R3
+  rollout:
+    name: vllm
+    tensor_model_parallel_size: 4
+    expert_parallel_size: 4
+    quantization: fp8
+    quantisation: fp8
+    enable_rollout_routing_replay: true
+    engine_kwargs:
+      vllm:
+        kv_cache_dtype: fp8
+      sglang:
+        kv_cache_dtype: fp8_e5m2
+
+algorithm:
+  adv_estimator: grpo
+  rollout_correction:
+    rollout_is: sequence
+    rollout_is_threshold: 2.5
+
+ray_kwargs:
+  ray_init:
+    runtime_env:
+      env_vars:
+        NVTE_FP8_BLOCK_SCALING_FP32_SCALES: "1"
+        NVTE_FP8_FUSE_WGRAD: "1"
+"""
+
+
+def _line(key: str, text: str = EXAMPLE) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if line.strip().startswith(key + ":"))
+
+
+def test_hand_written_fp8_yaml_field_by_field(tmp_path):
+    _verl_or_skip()
+    src = tmp_path / "qwen3_fp8.yaml"
+    src.write_text(EXAMPLE)
+    imp = import_source("verl", str(src), "qwen3_30b_a3b", "H100")
+    d = imp.contract
+    assert d["rollout"]["engine"] == "vllm"
+    assert d["rollout"]["parallel"] == {"tp": 4, "ep": 4} and d["rollout"]["max_tokens"] == 4096
+    assert {"components": ["rollout"], "patterns": ["linear"], "scheme": "fp8_block"} in d["rollout"]["rules"]
+    assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e4m3"} in d["rollout"]["rules"]
+    t = d["trainer"]
+    assert t["engine"] == "megatron" and t["parallel"] == {"tp": 2, "ep": 8} and t["param_gather"] == "fp8"
+    assert t["rules"] == [{"components": ["fprop", "dgrad", "wgrad"], "patterns": ["linear"], "scheme": "fp8_block"}]
+    assert t["optimizer"]["distributed"]  # verl's McoreEngineConfig default
+    assert d["correction"] == {"kind": "tis", "clip": 2.5, "level": "sequence"}
+    assert d["routing_replay"] == "r3" and d["sync"] == {"schedule": "colocated"}
+    # the typos, with verl's own key as the hint, at their lines
+    typo = _at(imp, "PCC810", "actor_rollout_ref.rollout.quantisation")
+    assert typo.span.line == _line("quantisation") and "quantization" in typo.hint
+    te = _at(imp, "PCC810", "actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipy")
+    assert te.span.line == _line("fp8_recipy") and "fp8_recipe" in te.hint
+    # precision keys pcc has no field for, and one the engine ignores
+    assert _at(imp, "PCC807", "actor_rollout_ref.actor.megatron.override_transformer_config.fp8_wgrad").span.line == \
+        _line("fp8_wgrad")
+    assert _at(imp, "PCC807", "ray_kwargs.ray_init.runtime_env.env_vars.NVTE_FP8_FUSE_WGRAD").span.line == \
+        _line("NVTE_FP8_FUSE_WGRAD")
+    assert _at(imp, "PCC806", "actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype").span.line == \
+        _line("kv_cache_dtype", EXAMPLE.split("sglang:")[0]) + 2
+    assert not [x for x in imp.diagnostics if x.code == "PCC810" and "lr" in (x.path or "")]
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert compile_file(str(out)).ok
+
+
+def test_verl_reads_the_example_as_the_import_does(tmp_path):
+    """The example (less its two typos) as overrides through verl's own Hydra compose and config
+    classes (pcc.lower.verify_verl): verl builds the job and sees the values the import read."""
+    from pcc.importer.verl import _lookup
+    from pcc.importer.verl_source import read_yaml
+    from pcc.lower.verify_verl import run_batch
+
+    trees = _verl_or_skip()
+    src = tmp_path / "job.yaml"
+    src.write_text("\n".join(x for x in EXAMPLE.splitlines() if "recipy" not in x and "quantisation" not in x))
+    job = read_yaml(str(src))
+    tree = trees["configs"]["ppo_megatron_trainer"]
+    over = [f"{'' if _lookup(tree, k)[0] is True else '+'}{k}={json.dumps(e.value)}" for k, e in job.entries.items()]
+    got = run_batch([{"config": job.config, "overrides": over}])["jobs"][0]
+    assert "error" not in got, got
+    assert got["rollout"]["quantization"] == "fp8" and got["rollout"]["engine_kwargs"]["vllm"]["kv_cache_dtype"] == "fp8"
+    assert (got["rollout"]["tensor_model_parallel_size"], got["rollout"]["expert_parallel_size"]) == (4, 4)
+    assert {k: got["actor"]["transformer"][k] for k in ("fp8", "fp8_recipe", "fp8_param")} == {
+        "fp8": "e4m3", "fp8_recipe": "blockwise", "fp8_param": True}
+    assert got["actor"]["router_replay"] == "R3" and got["rollout"]["enable_rollout_routing_replay"] is True
+    assert (got["algorithm"]["rollout_is"], got["algorithm"]["rollout_is_threshold"]) == ("sequence", 2.5)
+    assert got["env"]["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
+
+
+# -- a launch script, as verl's examples write them (FSDP, LoRA) -------------------------------------
+
+SCRIPT = """#!/bin/bash
+set -x
+MODEL=Qwen/Qwen3-8B
+export VLLM_USE_V1=1
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files=$HOME/data/gsm8k/train.parquet \\
+    data.max_response_length=1024 \\
+    actor_rollout_ref.model.path=$MODEL \\
+    actor_rollout_ref.model.lora_rank=64 \\
+    actor_rollout_ref.model.lora_alpha=32 \\
+    actor_rollout_ref.model.target_modules=all-linear \\
+    actor_rollout_ref.actor.optim.lr=3e-6 \\
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \\
+    actor_rollout_ref.rollout.dtype=float16 \\
+    actor_rollout_ref.rollout.calculate_log_prob=True \\
+    algorithm.rollout_correction.rollout_is=token \\
+    algorithm.rollout_correction.rollout_is_threshold='0.5_5.0' \\
+    algorithm.rollout_correction.rollout_rs=seq_mean_k1 \\
+    trainer.logger='["console","wandb"]' \\
+    trainer.n_gpus_per_node=8 $@
+"""
+
+
+def test_fsdp_lora_script(tmp_path):
+    _verl_or_skip()
+    src = tmp_path / "run_qwen3_8b_grpo_lora.sh"
+    src.write_text(SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    d = imp.contract
+    assert d["trainer"]["engine"] == "fsdp" and d["trainer"]["params"] == "bf16" and d["trainer"]["master"] == "fp32"
+    assert d["trainable"] == {"kind": "lora", "rank": 64, "alpha": 32.0, "targets": ["linear"]}
+    assert d["sync"] == {"schedule": "colocated", "moves": "adapter"}
+    assert d["rollout"]["parallel"] == {"tp": 2} and d["rollout"]["max_tokens"] == 1024
+    assert d["correction"] == {"kind": "mis", "clip": 5.0, "low": 0.5}
+    lines = SCRIPT.splitlines()
+    typo = _at(imp, "PCC810", "actor_rollout_ref.rollout.calculate_log_prob")
+    assert typo.span.line == next(n for n, x in enumerate(lines, 1) if "calculate_log_prob=" in x)
+    assert "calculate_log_probs" in typo.hint
+    assert _at(imp, "PCC804", "actor_rollout_ref.rollout.dtype").span.line == next(
+        n for n, x in enumerate(lines, 1) if "rollout.dtype" in x)
+    assert ("PCC804", "algorithm.rollout_correction.rollout_rs") in _codes(imp)
+    assert not [x for x in imp.diagnostics if x.code == "PCC810"
+                and x.path not in ("actor_rollout_ref.rollout.calculate_log_prob",)], imp.diagnostics
+
+
+# -- what the import assumes is verl's own ------------------------------------------------------------
+
+def test_defaults_are_verls_composed_config():
+    from pcc.importer.verl import DEFAULTS, FSDP_DEFAULTS
+
+    trees = _verl_or_skip()
+    for config, defaults in (("ppo_megatron_trainer", DEFAULTS), ("ppo_trainer", FSDP_DEFAULTS)):
+        for key, want in defaults.items():
+            node = trees["configs"][config]
+            for part in key.split("."):
+                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+            assert node == want, (config, key, node)
+
+
+OVERRIDES = ["a.b='x'", "a.b=0.5_2.0", "+a.b=[1, 2,'x']", "a.b=${x.y}", "a.b=1e-6", "a.b=NULL", "a.b=True",
+             "a.b= abc def ", "++a.b={k: 1, j: [a]}", "a.b=1_000", "a.b=-.5", "a.b=\"it's\"", "a.b=[]", "a.b=inf",
+             "a.b='0.5_2'", "a.b=1.", "a.b=fp8_e4m3", "a.b=[console,wandb]"]
+
+
+def test_override_values_read_as_hydra_reads_them():
+    from pcc.importer.verl_config import hydra_parse
+    from pcc.importer.verl_source import parse_value
+
+    _verl_or_skip()
+    for text, theirs in zip(OVERRIDES, hydra_parse(OVERRIDES)):
+        ours = parse_value(text.split("=", 1)[1])
+        assert json.dumps(ours) == json.dumps(theirs["value"]), (text, ours, theirs)
+    with pytest.raises(ValueError, match="sweep"):
+        parse_value("a,b")
+
+
+# -- errors are coded and positioned -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name,text,words,line", [
+    ("bad.yaml", "actor_rollout_ref:\n  rollout: [\n", "not valid YAML", 3),
+    ("dup.yaml", "actor_rollout_ref:\n  rollout:\n    name: vllm\n    name: sglang\n", "written twice", 4),
+    ("type.yaml", "actor_rollout_ref:\n  rollout:\n    name: vllm\n    tensor_model_parallel_size: four\n",
+     "verl takes int", 4),
+    ("engine.yaml", "actor_rollout_ref:\n  rollout:\n    name: trtllm\n", "vllm and sglang", 3),
+    ("args.txt", "actor_rollout_ref.rollout.name=vllm\nactor_rollout_ref.rollout.name=[a\n", "expected", 2),
+    ("sweep.txt", "actor_rollout_ref.rollout.name=vllm,sglang\n", "sweep", 1),
+    ("tag.yaml", "a: !!python/object/apply:os.system [ls]\n", "constructor", 1),
+])
+def test_errors_are_coded_and_positioned(name, text, words, line, tmp_path):
+    src = tmp_path / name
+    src.write_text(text)
+    with pytest.raises(ImportFailed) as exc:
+        import_source("verl", str(src), "qwen3_8b")
+    d = exc.value.to_diagnostic()
+    assert d.code == "PCC801" and words in d.message and d.span is not None and d.span.line == line, d.render()
+
+
+def test_cli_verl_and_te(tmp_path, capsys):
+    from pcc.cli import main
+
+    _verl_or_skip()
+    src = tmp_path / "job.yaml"
+    src.write_text(EXAMPLE)
+    out = tmp_path / "c.prec"
+    assert main(["import", "verl", str(src), "--model", "qwen3_30b_a3b", "-o", str(out)]) == 0
+    assert compile_file(str(out)).ok
+    capsys.readouterr()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [\n")
+    assert main(["import", "verl", str(bad), "--model", "qwen3_8b", "--json"]) == 1
+    env = json.loads(capsys.readouterr().out)
+    assert env["diagnostics"][0]["code"] == "PCC801" and env["diagnostics"][0]["line"] == 2
+    te = tmp_path / "te.yaml"
+    te.write_text(TE_FILE)
+    assert main(["import", "te", str(te), "--model", "qwen3_30b_a3b", "--json"]) == 0
+    assert "gemm" in json.loads(capsys.readouterr().out)["result"]["contract"]
+
+
+# -- pcc import te -------------------------------------------------------------------------------------
+
+TE_FILE = """\
+configs:
+  nvfp4:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe:
+      fp4_quantization_recipe: nvfp4
+  bf16:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe: {}
+matchers:
+  first_layer:
+    config: bf16
+    type: glob
+    pattern: "*decoder.layers.0.*"
+    enabled: true
+  experts:
+    config: nvfp4
+    type: glob
+    pattern: "*mlp.experts*"
+    enabled: true
+  never:
+    config: nvfp4
+    type: glob
+    pattern: "*linear_qkv"
+  default:
+    config: bf16
+    type: glob
+    pattern: "*"
+    enabled: true
+"""
+
+
+def test_te_file_as_megatron_core_matches_it(tmp_path):
+    """Routed experts NVFP4 but layer 0's; the matcher without `enabled: true` is skipped, as
+    megatron-core's RecipeConfig skips it."""
+    src = tmp_path / "precision.yaml"
+    src.write_text(TE_FILE)
+    imp = import_source("te", str(src), "qwen3_30b_a3b", "B200")
+    t = imp.contract["trainer"]
+    assert t["rules"] == [{"components": ["fprop", "dgrad", "wgrad"], "patterns": ["experts"], "scheme": "nvfp4"},
+                          {"components": ["fprop", "dgrad", "wgrad"], "patterns": ["experts[0]"], "scheme": "bf16",
+                           "keep": True}]
+    assert _at(imp, "PCC806", "matchers.never").span.line == TE_FILE.splitlines().index("  never:") + 1
+
+
+def test_te_file_pcc_writes_comes_back(tmp_path):
+    """selective_nvfp4's trainer/te_precision.yaml: the imported trainer decides every operator's
+    FProp as the contract does."""
+    from pcc.bundle import write_bundle
+
+    c = compile_file(str(ROOT / "contracts" / "selective_nvfp4.prec"))
+    write_bundle(c.plan, tmp_path / "b")
+    imp = import_source("te", str(tmp_path / "b" / "trainer" / "te_precision.yaml"), c.plan.contract.model.catalog)
+    out = tmp_path / "te.prec"
+    out.write_text(imp.text())
+    back = compile_file(str(out)).plan
+    ops = c.plan.catalog.operators
+    assert [back.scheme("fprop", i).format for i in range(len(ops))] == \
+        [c.plan.scheme("fprop", i).format for i in range(len(ops))]
+
+
+@pytest.mark.parametrize("edit,words", [
+    (("fp4_quantization_recipe: nvfp4", "fp4_quantization_recipe: nvfp4\n      fp8_margin: 0"), "TEQuantizationRecipe"),
+    (("fp4_quantization_recipe: nvfp4", "fp8_quantization_recipe: delayed"), "delayed"),
+    (("type: glob\n    pattern: \"*mlp", "type: regex\n    pattern: \"*mlp"), "glob"),
+])
+def test_te_file_errors(edit, words, tmp_path):
+    src = tmp_path / "p.yaml"
+    src.write_text(TE_FILE.replace(*edit, 1))
+    with pytest.raises(ImportFailed) as exc:
+        import_source("te", str(src), "qwen3_30b_a3b")
+    assert exc.value.code == "PCC801" and words in exc.value.message and exc.value.span is not None
