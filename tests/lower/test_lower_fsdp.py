@@ -292,3 +292,29 @@ def test_fuzzed_fsdp_contracts_check_and_compile_alike(tmp_path):
         compiled += check_file(str(tmp_path / f"c{seed}.prec")).ok
     assert not broken, broken[0]
     assert compiled > 10  # the cases reach the fsdp target's lowering, not only the checker's errors
+
+
+@pytest.mark.engines
+def test_torchaos_int4_grid_is_what_pcc612_says():
+    """The PCC612 caveat, measured: torchao's symmetric INT4 fake quantization of one 128-wide group
+    has step amax/7.5 and clamps +amax to code 7 (its range is [-8, 7]), where pcc's INT4 steps by amax/7."""
+    import subprocess
+    import sys
+
+    from pcc.lower import verify_fsdp
+
+    where = verify_fsdp.engine_dir()
+    if not (where / "torchao" / "__init__.py").is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the FSDP checks: no torchao in {where}")
+        pytest.skip(f"torchao is not installed in {where}")
+    code = ("import sys, json, torch; sys.path.append(sys.argv[1])\n"
+            "from torchao.quantization.qat import IntxFakeQuantizeConfig\n"
+            "from torchao.quantization.qat.fake_quantizer import IntxFakeQuantizer\n"
+            "w = torch.linspace(-0.9, 1.0, 128).reshape(1, 128)\n"
+            "q = IntxFakeQuantizer(IntxFakeQuantizeConfig(torch.int4, group_size=128, is_symmetric=True))(w)\n"
+            "u = torch.unique(q); step = float((u[1:] - u[:-1]).min())\n"
+            "print(json.dumps({'ratio': 1.0 / step, 'highest': round(float(q.max()) / step)}))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(where)], capture_output=True, text=True, timeout=300)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert abs(got["ratio"] - 7.5) < 1e-4 and got["highest"] == 7
