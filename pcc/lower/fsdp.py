@@ -198,8 +198,9 @@ def _mode(plan: Plan, i: int) -> str:
     formats = {s.format for s in quantized.values()}
     if formats & {"nvfp4", "mxfp4", "int8"}:
         bad = next(c for c, s in quantized.items() if s.format in ("nvfp4", "mxfp4", "int8"))
-        _refuse(plan, bad, i, f"torchao {tables()['versions']['torchao']} has no {quantized[bad].format} training "
-                f"recipe for {bad} (its NVFP4 and MXFP4 configs are for inference)",
+        _refuse(plan, bad, i, f"no torchao {tables()['versions']['torchao']} training path for {quantized[bad].format} "
+                f"in {bad}: its NVFP4 and MXFP4 configs are inference and fake-quantization ones, its INT8 "
+                "training a prototype pcc does not lower",
                 "train this module in bf16, FP8 or MXFP8, or use 'trainer megatron' (TE's NVFP4 recipe)")
     if "int4" in formats:
         return "int4_qat"

@@ -118,7 +118,7 @@ def test_a_quantized_rollout_with_an_fsdp_trainer_checks():
 
 
 REFUSED = {
-    "nvfp4": ("    fprop mlp : nvfp4 real", "PCC640", "no nvfp4 training recipe"),
+    "nvfp4": ("    fprop mlp : nvfp4 real", "PCC640", "training path for nvfp4"),
     "block_qdq": ("    fprop linear : fp8_block qdq", "PCC640", "no emulated"),
     "block_fprop_only": ("    fprop linear : fp8_block real", "PCC640", "quantizes FProp, DGrad and WGrad"),
     "e5m2_dgrad": ("    fprop linear : fp8_tensor real\n    dgrad linear : fp8_e5m2 real", "PCC640",
