@@ -336,9 +336,9 @@ def trainer_rules(imp: Imported, launch: Flags, catalog: Catalog) -> list[dict]:
         comps = ["fprop"] if high else ["fprop", "dgrad", "wgrad"]
         if chosen:
             scope = {i for i, op in enumerate(catalog.operators) if op.family in LINEAR}
-            patterns = (family_patterns(catalog, {catalog.operators[i].family for i in chosen})
-                        if chosen == {i for i in scope if catalog.operators[i].family in
-                                      {catalog.operators[j].family for j in chosen}}
+            families = {catalog.operators[i].family for i in chosen}
+            patterns = (family_patterns(catalog, families)
+                        if chosen == {i for i in scope if catalog.operators[i].family in families}
                         else select(catalog, chosen, scope))
             rules.append({"components": comps, "patterns": patterns, "scheme": name})
     if launch.env.get("OPEN_TRAINING_INT4_FAKE_QAT_FLAG", "0") == "1":

@@ -475,7 +475,7 @@ def _check_keys(imp: Imported, v: _View, config: str) -> None:
     rules for `key=` (must exist) and `+key=` (must not), override_transformer_config against
     megatron-core's TransformerConfig; then keys that carry precision and that the import did not
     read (PCC807, when they differ from verl's default)."""
-    from pcc.importer.verl_config import verl_trees
+    from pcc.importer.verl_config import transformer_fields, verl_trees
     from pcc.lower.verify_verl import EngineMissing
 
     try:
@@ -485,7 +485,7 @@ def _check_keys(imp: Imported, v: _View, config: str) -> None:
                  hint="install verl (requirements/install-engines.sh) to have typos reported")
         trees = None
     tree = trees["configs"][config] if trees else None
-    te_fields = set(trees["transformer_fields"]) if trees else set()
+    te_fields = transformer_fields()
     for key, e in v.job.entries.items():
         if key == "model_engine":
             continue

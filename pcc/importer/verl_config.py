@@ -1,27 +1,54 @@
 """verl's own configs, to check a job's keys: the Hydra configs `main_ppo` composes
 (`ppo_trainer`, `ppo_megatron_trainer`), composed by Hydra in a child process with verl's side
-folder on its path (pcc.lower.verify_verl's engine_dir), and megatron-core's TransformerConfig
-fields (verl builds a TransformerConfig from actor.megatron.override_transformer_config). Asked
-once per process. `parse` answers Hydra's own reading of override strings (the test holds
-verl_source's parser to it).
+folder on its path (pcc.lower.verify_verl's engine_dir), once per process; and megatron-core's
+TransformerConfig fields (verl builds a TransformerConfig from
+actor.megatron.override_transformer_config), read from its source rather than imported (importing
+megatron.core imports torch and takes seconds; the test holds the two equal). `hydra_parse`
+answers Hydra's own reading of override strings (the test holds verl_source's parser to it).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from pcc.importer.verl_source import CONFIGS
 
 
 @functools.lru_cache(maxsize=1)
 def verl_trees() -> dict:
-    """{"version", "configs": {name: composed tree, interpolations unresolved}, "transformer_fields": [...]}
-    or raises pcc.lower.verify_verl.EngineMissing."""
+    """{"version", "configs": {name: composed tree, interpolations unresolved}} or raises
+    pcc.lower.verify_verl.EngineMissing."""
     return _ask({"op": "trees"})
+
+
+@functools.lru_cache(maxsize=1)
+def transformer_fields() -> frozenset[str]:
+    """The dataclass fields of megatron-core's TransformerConfig and its base ModelParallelConfig,
+    from their source files (empty when megatron-core is not installed)."""
+    spec = importlib.util.find_spec("megatron")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    core = Path(next(iter(spec.submodule_search_locations))) / "core"
+    fields: set[str] = set()
+    for file, cls in (("transformer/transformer_config.py", "TransformerConfig"),
+                      ("model_parallel_config.py", "ModelParallelConfig")):
+        try:
+            tree = ast.parse((core / file).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return frozenset()
+        node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+        if node is None:
+            return frozenset()
+        fields |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                   and not (isinstance(n.annotation, ast.Name) and n.annotation.id == "ClassVar")}
+    return frozenset(fields)
 
 
 def hydra_parse(overrides: list[str]) -> list[dict]:
@@ -62,20 +89,19 @@ def _child(request: dict) -> dict:
             except Exception as exc:  # Hydra's own verdict on the string, reported to the caller
                 out.append({"error": f"{type(exc).__name__}: {exc}"})
         return {"parsed": out}
-    import dataclasses
-
-    import verl
     from hydra import compose, initialize_config_dir
-    from megatron.core.transformer.transformer_config import TransformerConfig
     from omegaconf import OmegaConf
 
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    # verl's own YAML configs, composed without importing verl (which imports torch: seconds)
+    package = os.path.join(request["dir"], "verl")
+    config_dir = os.path.join(package, "trainer", "config")
     trees = {}
     for name in CONFIGS:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             trees[name] = OmegaConf.to_container(compose(config_name=name), resolve=False)
-    return {"version": verl.__version__, "configs": trees,
-            "transformer_fields": sorted(f.name for f in dataclasses.fields(TransformerConfig))}
+    with open(os.path.join(package, "version", "version"), encoding="utf-8") as fh:
+        version = fh.read().strip()
+    return {"version": version, "configs": trees}
 
 
 if __name__ == "__main__":

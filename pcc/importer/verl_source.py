@@ -44,7 +44,6 @@ class Job:
     text: str
     entries: dict[str, Entry] = field(default_factory=dict)
     config: str | None = None  # --config-name, or the YAML's defaults list
-    config_span: Span | None = None
     defaults: list[tuple[str, Span | None]] = field(default_factory=list)  # other defaults-list entries
     exports: dict[str, tuple[str, Span | None]] = field(default_factory=dict)
     unread: list[tuple[str, Span | None]] = field(default_factory=list)  # `$@`, `$EXTRA`: expanded at run time
@@ -53,8 +52,8 @@ class Job:
 class _Value:
     """Hydra's override value grammar, for one value string."""
 
-    def __init__(self, text: str, where: str):
-        self.s, self.i, self.where = text, 0, where
+    def __init__(self, text: str):
+        self.s, self.i = text, 0
 
     def fail(self, msg: str):
         raise ValueError(f"{msg} at character {self.i + 1} of {self.s!r}")
@@ -165,9 +164,9 @@ class _Value:
         return raw
 
 
-def parse_value(text: str, where: str = "") -> object:
+def parse_value(text: str) -> object:
     """One override value as Hydra reads it; ValueError with the reason when it is not one value."""
-    return _Value(text, where).parse()
+    return _Value(text).parse()
 
 
 def _span(file: str, text: str, offset: int) -> Span:
@@ -275,11 +274,11 @@ def _script_line(job: Job, words: list[str], line: str, offset: int, assigned: d
         last = in_array and w.endswith(")")
         w = w[:-1] if last else w
         if w in ("--config-name", "-cn") and k + 1 < len(words):
-            job.config, job.config_span = words[k + 1], locate(w)
+            job.config = words[k + 1]
             k += 2
             continue
         if w.startswith("--config-name="):
-            job.config, job.config_span = w.split("=", 1)[1], locate(w)
+            job.config = w.split("=", 1)[1]
         elif w in ("--config-path", "-cp"):
             k += 2
             continue
@@ -306,7 +305,7 @@ def read_yaml(path: str) -> Job:
     for i, d in enumerate(doc.pop("defaults", None) or []):
         at = spans.get(f"defaults[{i}]")
         if isinstance(d, str) and d in CONFIGS:
-            job.config, job.config_span = d, at
+            job.config = d
         elif isinstance(d, dict) and len(d) == 1:
             (k, v), = d.items()
             key = k.removeprefix("override ").strip()
@@ -342,8 +341,7 @@ def read_job(source: str) -> Job:
         job = read_overrides(str(over))
         launch = over.parent / "launch.sh"
         if launch.is_file():
-            named = read_overrides(str(launch))
-            job.config, job.config_span = named.config, named.config_span
+            job.config = read_overrides(str(launch)).config
         return job
     if p.suffix in (".yaml", ".yml"):
         return read_yaml(source)

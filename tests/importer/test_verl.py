@@ -301,6 +301,17 @@ def test_defaults_are_verls_composed_config():
             assert node == want, (config, key, node)
 
 
+def test_transformer_fields_are_megatron_cores():
+    import dataclasses
+
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from pcc.importer.verl_config import transformer_fields
+
+    assert transformer_fields() == {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
 OVERRIDES = ["a.b='x'", "a.b=0.5_2.0", "+a.b=[1, 2,'x']", "a.b=${x.y}", "a.b=1e-6", "a.b=NULL", "a.b=True",
              "a.b= abc def ", "++a.b={k: 1, j: [a]}", "a.b=1_000", "a.b=-.5", "a.b=\"it's\"", "a.b=[]", "a.b=inf",
              "a.b='0.5_2'", "a.b=1.", "a.b=fp8_e4m3", "a.b=[console,wandb]"]
