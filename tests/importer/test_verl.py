@@ -103,6 +103,44 @@ def test_verl_round_trip(name, tmp_path):
     assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"expect", "trainer.rules gemm"}
 
 
+def _contract(body: str, trainer: str = "megatron", extra: str = "") -> str:
+    return (f"contract c {{\n  model qwen3_30b_a3b\n  hardware H100\n  framework verl\n  rollout vllm {{\n{body}\n"
+            f"    max_tokens 2048\n  }}\n  trainer {trainer} {{\n    gemm : bf16\n  }}\n{extra}}}\n")
+
+
+# Settings the shipped contracts do not use, out through the lowering and back; `rejection` comes
+# back as what verl runs for it: IcePop over [1/T, T], pcc's `mis clip T low 1/T`.
+VARIANTS = {
+    "tis": (_contract("    parallel tp 4 ep 4", extra="  correction tis clip 2\n"), set()),
+    "mis_seq": (_contract("    parallel tp 4 ep 4", extra="  correction mis clip 2 low 0.5 level sequence\n"), set()),
+    "rejection": (_contract("    parallel tp 4 ep 4", extra="  correction rejection threshold 3\n"),
+                  {("correction", f"correction.{f}") for f in ("kind", "clip", "low", "threshold")}),
+    "lora": (_contract("    parallel tp 4 ep 4", extra="  trainable lora rank 16 alpha 32 targets attn.q, attn.kv, attn.o\n"
+                       "  sync adapter\n"), set()),
+    "fsdp_lora": (_contract("    parallel tp 2", trainer="fsdp", extra="  trainable lora rank 8 alpha 16 targets attn.o, experts\n"
+                            "  sync adapter\n"), set()),
+    "kv_det": (_contract("    kv_cache : fp8_e4m3\n    deterministic\n    parallel tp 2 dp 2 ep 4"), set()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_verl_round_trip_of_settings(name, tmp_path):
+    from pcc.diff import diff
+
+    _verl_or_skip()
+    text, differs = VARIANTS[name]
+    src = tmp_path / "c.prec"
+    src.write_text(text)
+    c = compile_file(str(src))
+    assert c.ok, [d.render() for d in c.diagnostics if d.is_error]
+    (tmp_path / "overrides.txt").write_text(lower(c.plan, "verl").files["verl/overrides.txt"])
+    imp = import_source("verl", str(tmp_path / "overrides.txt"), "qwen3_30b_a3b", "H100")
+    assert not [d for d in imp.diagnostics if d.code != "PCC808"], [d.render() for d in imp.diagnostics]
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert _differences(diff(str(src), str(out))) == differs
+
+
 def test_launch_script_pcc_writes_reads_as_its_argument_file(tmp_path):
     c = compile_file(str(ROOT / "contracts" / "vllm" / "unified_fp8.prec"))
     files = lower(c.plan, "verl").files
