@@ -369,7 +369,9 @@ def main() -> None:
         memory_child(sys.argv[2])
         return
     if sys.argv[1:2] == ["--memory"]:
-        memory(sys.argv[3] if sys.argv[2:3] == ["--baseline"] and len(sys.argv) == 4 else None)
+        if not (len(sys.argv) == 2 or len(sys.argv) == 4 and sys.argv[2] == "--baseline"):
+            raise SystemExit("usage: python bench/convert.py --memory [--baseline DIR]")
+        memory(sys.argv[3] if len(sys.argv) == 4 else None)
         return
     import argparse
 
