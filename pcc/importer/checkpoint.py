@@ -90,13 +90,17 @@ class Decided:
 def import_checkpoint(source: str, model: str | None, hardware: str | None = None) -> Imported:
     qc, file, ckpt = read_quant_config(source)
     catalog, ref = load_model(model, ckpt)
-    method = method_of(qc, file)
     imp = Imported({"name": contract_name(source), "model": ref}, source=file)
-    decided = {"fp8": _fp8, "mxfp4": _mxfp4, "compressed-tensors": _compressed_tensors,
-               "modelopt": _modelopt}[method](qc, catalog, imp, file)
-    rollout_rules(imp, catalog, decided)
+    rollout_rules(imp, catalog, decide_config(qc, file, catalog, imp))
     finish(imp, catalog, hardware)
     return imp
+
+
+def decide_config(qc: dict, file: str, catalog: Catalog, imp: Imported) -> Decided:
+    """What the config decides per operator, by its method's own rules (launch imports call this
+    for the checkpoint their rollout loads)."""
+    return {"fp8": _fp8, "mxfp4": _mxfp4, "compressed-tensors": _compressed_tensors,
+            "modelopt": _modelopt}[method_of(qc, file)](qc, catalog, imp, file)
 
 
 # -- the methods ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
-from pcc.importer.checkpoint import Decided, _define, finish, load_model, method_of, rollout_rules
+from pcc.importer.checkpoint import Decided, _define, decide_config, finish, load_model, method_of, rollout_rules
 from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
 from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
@@ -225,11 +225,8 @@ def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) 
             qc = None
     d = Decided()
     if qc is not None:
-        from pcc.importer import checkpoint as ck
-
         method = method_of(qc, file)
-        d = {"fp8": ck._fp8, "mxfp4": ck._mxfp4, "compressed-tensors": ck._compressed_tensors,
-             "modelopt": ck._modelopt}[method](qc, catalog, imp, file)
+        d = decide_config(qc, file, catalog, imp)
         said = launch.value("--sglang-quantization")
         expected = {"fp8": {"fp8", "mxfp8", "w8a8_fp8"}, "mxfp4": {"mxfp4"}, "compressed-tensors": {"compressed-tensors"},
                     "modelopt": {"modelopt", "modelopt_fp4", "modelopt_fp8"}}[method]

@@ -202,6 +202,16 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
         scheme = _define(imp, {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 128, "cols": 128},
                                "activations": {"kind": "tile", "rows": 1, "cols": 128}}, "fp8_block")
         d.scheme = {i: scheme for i, op in enumerate(catalog.operators) if op.family in LINEAR}
+    elif quant is None and _model_dir(v) is not None:
+        # a quantized checkpoint at model.path: vLLM and SGLang load it as its own config says
+        from pcc.importer.checkpoint import decide_config, read_quant_config
+
+        try:
+            qc, file, _ = read_quant_config(_model_dir(v))
+        except ImportFailed:  # a BF16 checkpoint
+            qc = None
+        if qc is not None:
+            d = decide_config(qc, file, catalog, imp)
     elif quant is not None:
         imp.warn("PCC804", f"rollout.quantization {quant}: no pcc scheme states it (verl supports fp8, torchao, ascend); "
                  "the contract's rollout stays wide", f"{R}.quantization", span=v.span(f"{R}.quantization"))

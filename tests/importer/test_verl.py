@@ -275,6 +275,22 @@ def test_verl_reads_the_example_as_the_import_does(tmp_path):
     assert got["env"]["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
 
 
+def test_quantized_model_path_is_read_as_its_checkpoint_config(tmp_path):
+    """No rollout.quantization and an FP8 checkpoint at model.path: vLLM loads the checkpoint's own
+    config, and the rollout rules are what `pcc import checkpoint` reads from it."""
+    _verl_or_skip()
+    ckpt = tmp_path / "Qwen3-30B-A3B-FP8"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text((Path(__file__).parent / "data" / "qwen3_30b_a3b_fp8.json").read_text())
+    src = tmp_path / "args.txt"
+    src.write_text(f"actor_rollout_ref.model.path={ckpt}\nactor_rollout_ref.rollout.name=vllm\n")
+    imp = import_source("verl", str(src), "qwen3_30b_a3b", "H100")
+    direct = import_source("checkpoint", str(ckpt), "qwen3_30b_a3b", "H100")
+    assert imp.contract["rollout"]["rules"] == direct.contract["rollout"]["rules"]
+    assert imp.contract["rollout"]["rules"][0] == {"components": ["rollout"], "patterns": ["linear"],
+                                                   "scheme": "fp8_block"}
+
+
 # -- a launch script, as verl's examples write them (FSDP, LoRA) -------------------------------------
 
 SCRIPT = """#!/bin/bash
