@@ -32,6 +32,7 @@ def plan_dict(plan: Plan) -> dict:
     used = sorted({e["scheme"] for entries in components.values() for e in entries})
     return {
         "contract": c.name,
+        "framework": c.runs_on,  # which framework's files the bundle carries (miles/, verl/, or neither)
         "model": {"name": cat.name, "architecture": cat.architecture, "operators": len(ops),
                   "layers": cat.num_layers, "experts": cat.num_experts},
         "hardware": {"rollout": c.rollout.hardware or c.hardware, "trainer": c.trainer.hardware or c.hardware},

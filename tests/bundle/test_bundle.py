@@ -47,6 +47,26 @@ def test_bundle_is_byte_identical_and_checked(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directories left behind"
 
 
+def test_the_framework_is_in_the_plan_and_its_lock(tmp_path):
+    """The same contract on Miles and on verl gives two bundles (miles/ or verl/): their plans and lock
+    hashes differ, and each is byte-identical when compiled again."""
+    locks = {}
+    for framework in ("miles", "verl"):
+        src = tmp_path / f"{framework}.prec"
+        src.write_text(f'contract same extends "{ROOT / "contracts/bf16_baseline.prec"}" {{\n'
+                       f'  framework {framework}\n}}\n')
+        text = plan_json(compile_file(str(src)).plan)
+        assert text == plan_json(compile_file(str(src)).plan)
+        doc = json.loads(text)
+        assert doc["framework"] == framework
+        files = bundle_files(compile_file(str(src)).plan, LIGHT)[0]
+        assert json.loads(files["manifest.json"])["lock"] == doc["lock"]
+        locks[framework] = doc["lock"]
+    assert locks["miles"] != locks["verl"]
+    implicit = json.loads(plan_json(compile_file(str(ROOT / "contracts/bf16_baseline.prec")).plan))
+    assert implicit["framework"] == "miles"  # Megatron + SGLang without the statement runs on Miles
+
+
 def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     import pcc.bundle as bundle
 
