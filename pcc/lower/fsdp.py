@@ -240,7 +240,8 @@ def _state(plan: Plan, notes: list[str]) -> dict:
     notes.append(f"MixedPrecisionPolicy(param_dtype={dt[t.params]}, reduce_dtype={dt[t.grads]}): the contract's "
                  f"params and grads; the sharded parameters and Adam's moments stay {dt[t.master]}")
     return {"mp_policy": {"param_dtype": dt[t.params], "reduce_dtype": dt[t.grads]},
-            "sharded_param_dtype": dt[t.master], "cpu_offload": opt.offload,
+            "sharded_param_dtype": dt[t.master], "optimizer": f"torch.optim.{tables()['optimizers'][opt.kind]}",
+            "cpu_offload": opt.offload,
             "data_parallel_size": p.gpus or p.dp}
 
 

@@ -139,9 +139,11 @@ def _child(request: dict) -> dict:
     try:
         mp = MixedPrecisionPolicy(param_dtype=getattr(torch, doc["mp_policy"]["param_dtype"]),
                                   reduce_dtype=getattr(torch, doc["mp_policy"]["reduce_dtype"]))
-        for key in ("sharded_param_dtype",):
-            if not isinstance(getattr(torch, doc[key]), torch.dtype):
-                raise VerifyError(f"{key} {doc[key]} is no torch dtype")
+        if not isinstance(getattr(torch, doc["sharded_param_dtype"]), torch.dtype):
+            raise VerifyError(f"sharded_param_dtype {doc['sharded_param_dtype']} is no torch dtype")
+        optimizer = getattr(torch.optim, doc["optimizer"].removeprefix("torch.optim."))
+        if not issubclass(optimizer, torch.optim.Optimizer):
+            raise VerifyError(f"{doc['optimizer']} is no torch optimizer")
         configs = [repr(mp)] + ([repr(CPUOffloadPolicy())] if doc["cpu_offload"] else [])
         model = nn.Module()
         for name, (n, k) in shapes.items():

@@ -69,6 +69,7 @@ def test_shipped_variants_by_hand():
     bf16 = d["bf16_baseline"]
     assert bf16["low_precision"] == [] and bf16["mp_policy"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     assert bf16["sharded_param_dtype"] == "float32" and bf16["data_parallel_size"] == 32
+    assert bf16["optimizer"] == "torch.optim.AdamW" and bf16["cpu_offload"] is False
 
     (row,) = d["fp8_rowwise"]["low_precision"]
     assert row["kind"] == "float8" and row["config"]["recipe"] == "rowwise" and len(row["modules"]) == QWEN_MOE_LINEAR
