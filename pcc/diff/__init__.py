@@ -3,7 +3,7 @@
     report = diff("a.prec", "b.prec")      # JSON-ready dict; report["changed"] drives the exit code
 
 compare.py finds what differs (per component and family, settings, trainable set,
-expectations); engines.py lowers both plans and diffs engine arguments;
+expectations); engines.py diffs the engine arguments of every target either bundle lowers;
 consequences.py derives rebuilds, validation levels, baseline and byte deltas;
 render.py prints text, Markdown (a pull-request comment) or JSON. Imports happen
 inside the functions, so registering the command (pcc.diff.cli) costs nothing.
@@ -11,13 +11,12 @@ inside the functions, so registering the command (pcc.diff.cli) costs nothing.
 
 from __future__ import annotations
 
-ENGINE_TARGETS = ("megatron", "sglang")
-
-__all__ = ["ENGINE_TARGETS", "diff", "diff_plans"]
+__all__ = ["diff", "diff_plans"]
 
 
-def diff_plans(pa, pb, targets=ENGINE_TARGETS) -> dict:
-    """Diff two resolved Plans; engine arguments only when something semantic changed."""
+def diff_plans(pa, pb, targets=None) -> dict:
+    """Diff two resolved Plans; engine arguments only when something semantic changed (`targets`:
+    those to compare, by default every engine target either side's bundle holds)."""
     from pcc.diff.compare import compare
     from pcc.diff.consequences import consequences
     from pcc.diff.engines import engine_changes
@@ -28,7 +27,7 @@ def diff_plans(pa, pb, targets=ENGINE_TARGETS) -> dict:
     return report
 
 
-def diff(a: str, b: str, model: str | None = None, targets=ENGINE_TARGETS) -> dict:
+def diff(a: str, b: str, model: str | None = None, targets=None) -> dict:
     """Diff two contract files or bundle directories; raises pcc.diff.load.DiffError or CatalogError."""
     from pcc.diff.load import load_side, model_catalog
 

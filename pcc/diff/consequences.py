@@ -131,10 +131,10 @@ def consequences(report: dict, pa: Plan, pb: Plan, engines: dict | None = None) 
         artifact["why"].append("every full-weight sync converts these tensors to the new scheme")
     lora = "lora" in (pa.contract.trainable.kind, pb.contract.trainable.kind)
     adapter = by("adapter", "trainable", "rollout_parallel", "trainer_parallel", "model") if lora else []
-    megatron = (engines or {}).get("megatron", {})
+    trainer_files = [f["path"] for e in (engines or {}).values() if e["available"] for f in e["files"]
+                     if f["path"].startswith("trainer/")]  # Megatron's args, env, TE file; FSDP's fsdp.json
     trainer_file = {"changes": bool(by("fprop", "dgrad", "wgrad", "optimizer", "engine")),
-                    "why": by("fprop", "dgrad", "wgrad", "optimizer", "engine"),
-                    "files": [f["path"] for f in megatron.get("files", [])]}
+                    "why": by("fprop", "dgrad", "wgrad", "optimizer", "engine"), "files": trainer_files}
     trainer_file["changes"] = trainer_file["changes"] or bool(trainer_file["files"])
     baseline = by(*BASELINE_TAGS)
     return {

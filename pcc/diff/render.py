@@ -23,6 +23,14 @@ def _bytes(n: int | None, sign: bool = False) -> str:
     return f"{s}{m} B"
 
 
+def _short(v, keep: int = 4) -> str:
+    """An engine value in a table cell: a long list (a module list of a whole model) as its length
+    and first items; the JSON report keeps it whole."""
+    if isinstance(v, list) and len(v) > keep:
+        return f"{len(v)} items: {_show(v[:keep])}, ..."
+    return _show(v)
+
+
 def _fields(changes: list[dict]) -> tuple[list[str], list[list[str]]]:
     return ["field", "A", "B"], [[c["field"], _show(c["from"]), _show(c["to"])] for c in changes]
 
@@ -73,9 +81,15 @@ def sections(r: dict) -> list[tuple[str, list[str], list[list[str]], list[str]]]
         if not e["available"]:
             lines.append(f"{name}: {e['note']}")
             continue
-        rows += [[name, "arg " + c["field"], _show(c["from"]), _show(c["to"])] for c in e["args"]]
-        rows += [[name, "env " + c["field"], _show(c["from"]), _show(c["to"])] for c in e["env"]]
-        rows += [[name, "file " + f["path"], "", f["change"]] for f in e["files"]]
+        if e["lowered_by"] != "both":
+            lines.append(f"{name}: lowered for {e['lowered_by']} (the other bundle has no {name} files)")
+        rows += [[name, "arg " + c["field"], *("(set)" if v == "" else _short(v) for v in (c["from"], c["to"]))]
+                 for c in e["args"]]  # "": a switch given without a value
+        rows += [[name, "env " + c["field"], _short(c["from"]), _short(c["to"])] for c in e["env"]]
+        for f in e["files"]:
+            rows.append([name, "file " + f["path"], "", f["change"]])
+            rows += [[name, f"  {c['field']}", _short(c["from"]), _short(c["to"])] for c in f.get("fields", [])
+                     if f["change"] == "changed"]
     if rows or lines:
         out.append(("Engine arguments", ["target", "what", "A", "B"], rows, lines))
     if r["changed"]:
