@@ -117,6 +117,92 @@ def tiling(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
                     rep.warning("PCC205", f"shape [{n}, {k}] is not a multiple of the {g.rows}x{g.cols} block; "
                                 f"the edge blocks are padded in {len(members)} tensor(s): {_names(plan, members)}",
                                 smap.find(ref.path), path=ref.path)
+            if comp == "rollout" and g.kind == "block" and spec.format == "fp8_e4m3":
+                _ceil_grid_consumers(plan, idx, g.rows, g.cols, smap.find(ref.path), ref.path, rep)
+
+
+# Block-FP8 loaders of the rollout checkpoint and the scale grids they refuse (a grid is ceil(N/R) x ceil(K/C)).
+# SGLang (srt/layers/quantization/fp8.py Fp8LinearMethod.validate_block_quant_shapes, Fp8MoEMethod.create_weights)
+# and vLLM (quantization/utils/fp8_utils.py validate_fp8_block_shape, validate_fp8_block_shape_moe) fuse q/k/v into
+# one QKV linear and gate/up into one merged linear, and need each fused part a multiple of block_n; a layer's
+# routed experts are one fused MoE whose intermediate size per rank is a multiple of block_n (and of block_k at
+# tp > 1); at tp > 1 a column-parallel part per rank is a multiple of block_n and a row-parallel input of block_k.
+_QKV, _GATE_UP = "they fuse q/k/v into one QKV linear", "they fuse gate/up into one merged linear"
+_QKV_PARTS, _GATE_UP_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("gate_proj", "up_proj")
+_FUSED_PARTS = dict.fromkeys(_QKV_PARTS, _QKV) | dict.fromkeys(_GATE_UP_PARTS, _GATE_UP)
+_COLUMN = ("self_attn.q_b_proj", "self_attn.kv_b_proj")
+_ROW = ("self_attn.o_proj", "down_proj")
+
+
+def _engine_refusal(op, tp: int, ep: int, bn: int, bk: int, rows: dict[str, int]) -> str | None:
+    """Why SGLang's and vLLM's block-FP8 loaders refuse the layer this weight loads into, or None. `rows`: every
+    weight's rows by tensor name (a fused QKV layer is refused for any of its parts)."""
+    n, k = op.shape
+    module = op.tensor[: -len(".weight")]
+    if op.family.startswith("experts."):
+        moe_tp = max(1, tp // ep)
+        inter = (n if op.family == "experts.gate_up" else k) / moe_tp
+        if inter % bn or (moe_tp > 1 and inter % bk):
+            return (f"they fuse a layer's routed experts into one MoE whose intermediate size per rank ({inter:g}) "
+                    f"must be a multiple of {bn}" + (f" and {bk}" if moe_tp > 1 and bk != bn else ""))
+        return None
+    leaf = next((m for m in (*_FUSED_PARTS, *_COLUMN, *_ROW) if module.endswith("." + m)), None)
+    if leaf in _FUSED_PARTS:
+        prefix = module[: -len(leaf)]
+        siblings = _QKV_PARTS if leaf in _QKV_PARTS else _GATE_UP_PARTS
+        bad = [rows[t] / tp for t in (f"{prefix}{m}.weight" for m in siblings) if t in rows and (rows[t] / tp) % bn]
+        if bad:
+            return f"{_FUSED_PARTS[leaf]} whose parts need their rows per rank ({bad[0]:g}) a multiple of {bn}"
+        return None
+    if tp > 1 and leaf in _COLUMN and (n / tp) % bn:
+        return f"a column-parallel linear at tp {tp} needs its rows per rank ({n / tp:g}) a multiple of {bn}"
+    if tp > 1 and leaf in _ROW and (k / tp) % bk:
+        return f"a row-parallel linear at tp {tp} needs its input per rank ({k / tp:g}) a multiple of {bk}"
+    return None
+
+
+def _grid_fit(dim: int, block: int) -> str:
+    """How transformers' Fp8Dequantize reads a ceil(dim / block) scale grid along one dimension: it takes the block
+    as dim / grid, so "ok" (a multiple, or one partial block), "refused" (grid does not divide dim) or "wrong"."""
+    grid = -(-dim // block)
+    if dim % block == 0 or grid == 1:
+        return "ok"
+    return "refused" if dim % grid else "wrong"
+
+
+def _ceil_grid_consumers(plan: Plan, idx, bn: int, bk: int, span, path: str, rep: Reporter) -> None:
+    """PCC205 (rollout block FP8): which consumers refuse the weights pcc writes, and why: SGLang and vLLM the fused
+    parts their block checks refuse at the contract's tp / ep, transformers the ceil-sized (padded) scale grids its
+    dequantization misreads."""
+    ops = plan.catalog.operators
+    par = plan.contract.rollout.parallel
+    weights = [i for i in idx if len(ops[i].shape) == 2 and ops[i].family not in ("kv_cache", "embed", "norm")]
+    grid = {i: [_grid_fit(d, b) for d, b in zip(ops[i].shape, (bn, bk))] for i in weights}
+    refused = [i for i in weights if "refused" in grid[i]]
+    wrong = [i for i in weights if "wrong" in grid[i] and i not in refused]
+    why: dict[str, list[int]] = {}
+    rows = {op.tensor: op.shape[0] for op in ops if len(op.shape) == 2}
+    for i in weights:
+        reason = _engine_refusal(ops[i], par.tp, par.ep, bn, bk, rows)
+        if reason:
+            why.setdefault(reason, []).append(i)
+    if not (refused or wrong or why):
+        return
+    parts = []
+    if why:
+        engines = "; ".join(f"{reason} ({_names(plan, members)})" for reason, members in why.items())
+        parts.append(f"SGLang and vLLM refuse {sum(map(len, why.values()))}: {engines}")
+    where = "where it dequantizes (no GPU, or one below compute capability 8.9)"
+    if refused:
+        parts.append(f"transformers' FP8 loader refuses {len(refused)} {where}: Fp8Dequantize reads the block as "
+                     f"dimension / scales, and a dimension its ceil-sized scale grid does not divide is 'not "
+                     f"divisible by scale grid' ({_names(plan, refused)})")
+    if wrong:
+        parts.append(f"transformers' FP8 loader dequantizes {len(wrong)} with the wrong blocks {where}: the ceil "
+                     f"grid divides the dimension, so it reads blocks smaller than {bn}x{bk} ({_names(plan, wrong)})")
+    rep.warning("PCC205", f"rollout block-FP8 weights that not every consumer loads: {'; '.join(parts)}", span,
+                path=path, hint="keep these tensors wide, give them a block that divides them, or (SGLang, vLLM) "
+                "a tp / ep whose per-rank parts the block divides")
 
 
 @check
