@@ -133,8 +133,10 @@ class Context:
         if self.engine_spec == "local":
             return engine_class(self)(self.plan, self.arch, self.runtime_trainer.scaling)
         from .sglang_http import HttpEngine
+        from .vllm_http import VllmEngine
 
-        return HttpEngine(self.engine_spec, self.out / "versions", self.plan, self.arch)
+        kind = VllmEngine if self.plan.contract.rollout.engine == "vllm" else HttpEngine  # the contract's engine
+        return kind(self.engine_spec, self.out / "versions", self.plan, self.arch)
 
     # -- fixed prefixes and tokens ----------------------------------------------------------
     def fixed(self) -> tuple[torch.Tensor, int]:

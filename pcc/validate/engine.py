@@ -1,7 +1,7 @@
 """What the ladder needs from a rollout engine, and the values that cross it.
 
-Two implementations: `LocalEngine` (the embedded runtime's rollout engine) and
-`HttpEngine` (a real SGLang server). Tokens are always given, never re-tokenized:
+Three implementations: `LocalEngine` (the embedded runtime's rollout engine), `HttpEngine`
+(a real SGLang server) and `VllmEngine` (a real `vllm serve`). Tokens are always given, never re-tokenized:
 fixed-prefix scoring compares the same token ids on both sides.
 """
 
@@ -23,6 +23,11 @@ class EngineError(PccError, RuntimeError):
 
 class ActivationRefused(EngineError):
     """The engine refused to activate a version (a partial or damaged one): the right answer."""
+
+
+class NotServed(EngineError):
+    """The engine's API has no way to do this (e.g. vLLM returns no parameter values over HTTP): the
+    level records the figure as not measured, with this message, instead of guessing it."""
 
 
 @dataclass

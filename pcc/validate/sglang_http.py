@@ -15,88 +15,16 @@ A version is written to disk as a rollout checkpoint (or a PEFT adapter) plus pc
 from __future__ import annotations
 
 import base64
-import json
 import threading
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import torch
 
-from .engine import ActivationRefused, EngineError, Generated, Scores, Version
-
-TIMEOUT = 120.0  # the total deadline of one request: connect, headers and the whole body
-SOCKET_TIMEOUT = 30.0  # connect, and each read of the socket
-MAX_REPLY = 256 << 20  # get_weights_by_name of 1M values as JSON is ~20 MB; more is not an answer to us
+from .engine import ActivationRefused, EngineError, Generated, Scores
+from .http_client import HttpClient
 
 
-class HttpEngine:
-    def __init__(self, url: str, versions_dir: Path, plan, arch, timeout: float = TIMEOUT):
-        self.url, self.dir, self.plan, self.arch, self.timeout = url.rstrip("/"), Path(versions_dir), plan, arch, timeout
-        self.name = f"sglang {self.url}"
-        self.installed: dict[int, tuple[Version, Path]] = {}
-        self.manifests: dict[int, dict] = {}
-        self.lora: str | None = None
-
-    def _post(self, path: str, body: dict | None = None, method: str = "POST"):
-        """One request with a total deadline (`timeout`: a server that sends a byte a second is cut off), a
-        socket timeout, and a reply size cap; every failure an EngineError naming the endpoint. An HTTP
-        error status is a reply {"success": False, "message", "_status"} for the caller to judge."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        where = f"{self.url}{path}"
-        box: dict = {}
-        deadline = time.monotonic() + self.timeout
-
-        def fetch() -> None:
-            try:
-                box["reply"] = self._fetch(req, where, deadline)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
-                box["error"] = exc
-
-        worker = threading.Thread(target=fetch, name=f"pcc-http {path}", daemon=True)
-        worker.start()
-        worker.join(self.timeout + 1.0)
-        if worker.is_alive():
-            raise EngineError(f"{where}: no complete reply within {self.timeout:.0f} s")
-        if "error" in box:
-            raise box["error"]
-        status, raw = box["reply"]
-        if status is not None:  # an HTTP error status
-            text = raw.decode(errors="replace")[:300]
-            try:
-                message = json.loads(text).get("message", text)
-            except (ValueError, AttributeError):
-                message = text
-            return {"success": False, "message": f"HTTP {status}: {message}", "_status": status}
-        try:
-            return json.loads(raw or b"null")
-        except ValueError as exc:
-            raise EngineError(f"{where}: the reply is not JSON ({exc}): {raw[:80]!r}") from None
-
-    def _fetch(self, req, where: str, deadline: float) -> tuple[int | None, bytes]:
-        """(HTTP error status or None, body), read in pieces against the deadline and MAX_REPLY."""
-        try:
-            with urllib.request.urlopen(req, timeout=min(SOCKET_TIMEOUT, self.timeout)) as resp:
-                return None, _body(resp, where, deadline)
-        except urllib.error.HTTPError as exc:
-            try:
-                return exc.code, _body(exc, where, deadline)
-            except EngineError:
-                return exc.code, b""
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise EngineError(f"{where}: {reason}") from None
-
-    def _reply(self, what: str, fn):
-        """`fn()` over a reply; a reply of the wrong shape is an EngineError naming the endpoint, not a KeyError."""
-        try:
-            return fn()
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as exc:
-            raise EngineError(f"{self.url}{what}: the reply is not what SGLang sends ({type(exc).__name__}: "
-                              f"{exc})") from None
+class HttpEngine(HttpClient):
+    server = "SGLang"
 
     # -- scoring ------------------------------------------------------------------------------
     def _generate(self, ids: list[list[int]], sampling: dict, routes: bool) -> list[dict]:
@@ -150,35 +78,8 @@ class HttpEngine:
         return self._reply("/generate", parse)
 
     # -- versions -----------------------------------------------------------------------------
-    def install(self, version: Version) -> None:
-        from safetensors.torch import save_file
-
-        from pcc.lower.converter import converter_plan
-
-        d = self.dir / f"v{version.version}-{len(self.installed)}"
-        d.mkdir(parents=True, exist_ok=True)
-        if version.moves == "adapter":
-            tensors = {f"base_model.model.{k}": v.contiguous() for k, v in version.tensors.items()}
-            save_file(tensors, str(d / "adapter_model.safetensors"))
-            c = self.plan.contract.trainable
-            mods = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in version.tensors})
-            (d / "adapter_config.json").write_text(json.dumps({
-                "peft_type": "LORA", "r": c.rank, "lora_alpha": c.alpha or c.rank, "target_modules": mods,
-                "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}))
-        else:
-            save_file({k: v.contiguous() for k, v in version.tensors.items()}, str(d / "model.safetensors"))
-            config = {k: v for k, v in self.plan.catalog.config.items() if not k.startswith("_")}
-            qc = converter_plan(self.plan)["quantization_config"]
-            if qc is not None:
-                config["quantization_config"] = qc
-            (d / "config.json").write_text(json.dumps(config, indent=1))
-        (d / "pcc_manifest.json").write_text(json.dumps(version.manifest))
-        self.installed[version.version] = (version, d)
-
     def activate(self, version: int) -> None:
-        if version not in self.installed:
-            raise EngineError(f"version {version} was never installed")
-        v, d = self.installed[version]
+        v, d = self._installed(version)
         if v.moves == "adapter":
             name = f"pcc-v{version}-{d.name}"
             r = self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(d)})
@@ -206,20 +107,6 @@ class HttpEngine:
         if r is None or (isinstance(r, dict) and not r.get("success", True)):
             raise EngineError(f"get_weights_by_name {name}: {r}")
         return self._reply("/get_weights_by_name", lambda: torch.tensor(r, dtype=torch.float32))
-
-
-def _body(resp, where: str, deadline: float) -> bytes:
-    chunks, n = [], 0
-    while True:
-        if time.monotonic() > deadline:
-            raise EngineError(f"{where}: the reply did not complete before the deadline")
-        chunk = (getattr(resp, "read1", None) or resp.read)(1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        n += len(chunk)
-        if n > MAX_REPLY:
-            raise EngineError(f"{where}: the reply is larger than {MAX_REPLY >> 20} MiB")
-        chunks.append(chunk)
 
 
 def _routes(b64: str, arch) -> torch.Tensor:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pcc.validate import sglang_http
+from pcc.validate import http_client
 from pcc.validate.engine import EngineError
 from pcc.validate.sglang_http import HttpEngine
 
@@ -90,7 +90,7 @@ def test_bad_json_names_the_endpoint(tmp_path):
 
 
 def test_a_body_over_the_cap_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(sglang_http, "MAX_REPLY", 1 << 16)
+    monkeypatch.setattr(http_client, "MAX_REPLY", 1 << 16)
     with Server(lambda conn, stop: conn.sendall(_http("200 OK", b"[" + b"1," * 100000 + b"1]"))) as s:
         with pytest.raises(EngineError, match="larger than"):
             _engine(s.url, tmp_path).active()

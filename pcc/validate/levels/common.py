@@ -34,6 +34,18 @@ def by_position(d: torch.Tensor, mask: torch.Tensor) -> dict:
     return {"mean": D.by_position(d, mask), "p99": p99}
 
 
+def unless_not_served(o, fn):
+    """`fn()`, or None with the engine's reason among the findings where its API cannot do it (the
+    check then reads 'not measured')."""
+    from ..engine import NotServed
+
+    try:
+        return fn()
+    except NotServed as exc:
+        o.findings.append(str(exc))
+        return None
+
+
 def readback(ctx, tensors: dict[str, torch.Tensor]) -> list[str]:
     """Operators whose served values differ from what version `tensors` decodes to, in layer order."""
     wrong = []

@@ -15,7 +15,7 @@ import torch
 from pcc.runtime import diagnostics as D
 
 from . import Outcome
-from .common import LAYER, by_position, readback, score_both
+from .common import LAYER, by_position, readback, score_both, unless_not_served
 
 LOOK = ["the first layer whose installed expert weights differ: expert packing / EP shard mapping",
         "router inputs at the first layer whose expert ids differ (the hidden state entering it)",
@@ -36,7 +36,7 @@ def run(ctx) -> Outcome:
     if ctx.arch.is_moe:
         if s.routes is None:
             o.findings.append(f"the engine ({ctx.engine_spec}) did not report expert ids "
-                              "(SGLang: --enable-return-routed-experts)")
+                              "(SGLang, vLLM: --enable-return-routed-experts)")
         else:
             ra = D.route_agreement(own, s.routes, p, mask)
             o.figures["route_agreement"] = ra["route_agreement"]
@@ -46,14 +46,15 @@ def run(ctx) -> Outcome:
             if ra["route_first_differing_layer"] is not None:
                 o.findings.append(f"expert ids first differ at layer {ra['route_first_differing_layer']}; "
                                   f"agreement by layer {ra['route_agreement_by_layer']}")
-    wrong = readback(ctx, ctx.checkpoint_tensors())
-    o.figures["installed tensors differing from the checkpoint"] = len(wrong)
+    wrong = unless_not_served(o, lambda: readback(ctx, ctx.checkpoint_tensors()))
+    n_wrong = None if wrong is None else len(wrong)
+    o.figures["installed tensors differing from the checkpoint"] = n_wrong
     if wrong:
         layer = int(LAYER.search(wrong[0]).group(1))
         o.figures["first layer with differing installed weights"] = layer
         o.findings.append(f"installed weights first differ at layer {layer}: "
                           + ", ".join(w for w in wrong if f".layers.{layer}." in w)[:400])
-    o.check("installed tensors differing from the checkpoint", "==", 0, len(wrong),
+    o.check("installed tensors differing from the checkpoint", "==", 0, n_wrong,
             "what the kernels read is what was loaded, expert by expert")
     _request_state(ctx, o)
     return o

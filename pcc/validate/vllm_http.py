@@ -1,0 +1,198 @@
+"""A client for a real `vllm serve` (vLLM 0.32's OpenAI-compatible server), behind the engine protocol.
+
+Endpoints and fields, as in vllm-project/vllm v0.32.0 (paths under vllm/entrypoints/):
+- POST /v1/completions (openai/completion/protocol.py `CompletionRequest`, serving.py), token ids as
+  `prompt` (a list of lists: one prompt each). Scoring {max_tokens: 0, echo: true, prompt_logprobs: 0,
+  return_token_ids: true}: `choices[i].prompt_logprobs` is one {token_id: {logprob, rank,
+  decoded_token}} per prompt token (the first null), `prompt_token_ids` what was scored,
+  `routed_experts` base64 `.npy` [tokens - 1, layers, top_k] (--enable-return-routed-experts).
+  A request with prompt_logprobs never reads the prefix cache (vllm/sampling_params.py,
+  skip_reading_prefix_cache), so scoring through request state is a warm-up request with the whole
+  sequences, then one prompt per position {max_tokens: 1, logprobs: 0, logprob_token_ids,
+  return_tokens_as_token_ids}: `choices[i].logprobs.top_logprobs[0]["token_id:N"]`.
+  Generation {max_tokens, seed, ignore_eos, logprobs: 0, return_token_ids, and every sampling field at
+  its neutral value, else the model's generation_config defaults apply}: `choices[i].token_ids`,
+  `choices[i].logprobs.token_logprobs`.
+- GET /v1/models (openai/models/): the base model is the card without a `parent`; an adapter is
+  named in `model`.
+- POST /v1/load_lora_adapter {lora_name, lora_path}, /v1/unload_lora_adapter {lora_name} (serve/lora/,
+  with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True): plain text on success, an ErrorResponse otherwise.
+- With VLLM_SERVER_DEV_MODE=1 (launchers/api_server/routers.py): POST /collective_rpc {method:
+  "reload_weights", kwargs: {weights_path}} (serve/dev/rpc/; v1/worker/gpu_worker.py reload_weights,
+  model_executor/model_loader/reload/inplace.py), POST /reset_prefix_cache (serve/dev/cache/),
+  POST /pause?mode=wait, /resume, /update_weight_version {new_version}, GET /weight_info ->
+  {weight_version} ("default" until one is set) (rl/online/api_router.py).
+Not over HTTP: a parameter's values (read_tensor raises NotServed), and the version that served a
+completion (the response names none: `score` reads /weight_info before and after and refuses a change).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+
+import torch
+
+from .engine import ActivationRefused, EngineError, Generated, NotServed, Scores
+from .http_client import HttpClient
+
+SCORE = {"max_tokens": 0, "echo": True, "prompt_logprobs": 0, "return_token_ids": True}
+# CompletionRequest._DEFAULT_SAMPLING_PARAMS with their neutral values: temperature 1, nothing filtered
+SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+          "presence_penalty": 0.0, "frequency_penalty": 0.0}
+MAX_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS's default: prompts one request may carry
+
+
+class VllmEngine(HttpClient):
+    server = "vLLM"
+
+    def __init__(self, url: str, versions_dir, plan, arch, **kw):
+        super().__init__(url, versions_dir, plan, arch, **kw)
+        self.base: str | None = None
+
+    def _ok(self, path: str, reply):
+        """The reply, or an EngineError naming the endpoint when it is an HTTP error status."""
+        if isinstance(reply, dict) and "_status" in reply:
+            raise EngineError(f"{self.url}{path}: {reply['message']}")
+        return reply
+
+    def _model(self) -> str:
+        """The `model` of each request: the active adapter, else the served base model."""
+        if self.lora is not None:
+            return self.lora
+        if self.base is None:
+            r = self._ok("/v1/models", self._post("/v1/models", method="GET"))
+            self.base = self._reply("/v1/models", lambda: [m["id"] for m in r["data"] if m.get("parent") is None][0])
+        return self.base
+
+    def _complete(self, prompts: list[list[int]], fields: dict) -> list[dict]:
+        """The choices for `prompts`, in order, at most MAX_PROMPTS per request."""
+        out: list[dict] = []
+        for i in range(0, len(prompts), MAX_PROMPTS):
+            part = prompts[i:i + MAX_PROMPTS]
+            r = self._ok("/v1/completions", self._post("/v1/completions",
+                                                       {"model": self._model(), "prompt": part, **fields}))
+            choices = self._reply("/v1/completions", lambda: sorted(r["choices"], key=lambda c: c["index"]))
+            if len(choices) != len(part):
+                raise EngineError(f"{self.url}/v1/completions: expected one choice per prompt ({len(part)}), got "
+                                  f"{len(choices)}")
+            out += choices
+        return out
+
+    def _version(self) -> int:
+        info = self._ok("/weight_info", self._post("/weight_info", method="GET"))
+        return self._reply("/weight_info", lambda: -1 if info["weight_version"] == "default"
+                           else int(info["weight_version"]))
+
+    # -- scoring ------------------------------------------------------------------------------
+    def score(self, tokens: torch.Tensor, prompt_len: int, routes: bool = False, cached_prefix: bool = False) -> Scores:
+        ids = tokens.tolist()
+        before = self._version()
+        if cached_prefix:
+            logp, got = self._decode(ids, prompt_len), None
+        else:
+            res = self._complete(ids, SCORE)
+            logp, got = self._reply("/v1/completions", lambda: self._prompt_logp(ids, prompt_len, res, routes))
+        after = self._version()
+        if after != before:
+            raise EngineError(f"{self.url}: the weight version moved from {before} to {after} while scoring, and "
+                              "vLLM's completions do not say which one served them")
+        return Scores(logp, got, before)
+
+    def _prompt_logp(self, ids, prompt_len: int, res: list[dict], routes: bool):
+        logp = []
+        for row, c in zip(ids, res):
+            if c["prompt_token_ids"] != row:
+                raise ValueError(f"prompt_token_ids {c['prompt_token_ids']!r:.60} are not the tokens sent")
+            pl = c["prompt_logprobs"]
+            logp.append([pl[j][str(row[j])]["logprob"] for j in range(prompt_len, len(row))])
+        got = None
+        if routes and self.arch.is_moe and all(c.get("routed_experts") for c in res):
+            per = [_npy(c["routed_experts"], len(row) - 1, self.arch) for row, c in zip(ids, res)]
+            got = [torch.stack([p[:, layer] for p in per]) for layer in range(self.arch.layers)]
+        return torch.tensor(logp, dtype=torch.float64), got
+
+    def _decode(self, ids: list[list[int]], prompt_len: int) -> torch.Tensor:
+        """Each response token scored by a request for its prefix alone, after a warm-up request with the
+        whole sequences filled the prefix cache: cached KV plus the uncached tail, as decoding reads it."""
+        self._complete(ids, {"max_tokens": 1, **SAMPLE})
+        targets = sorted({t for row in ids for t in row[prompt_len:]})
+        prefixes = [row[:t] for row in ids for t in range(prompt_len, len(row))]
+        res = self._complete(prefixes, {"max_tokens": 1, **SAMPLE, "logprobs": 0, "logprob_token_ids": targets,
+                                        "return_tokens_as_token_ids": True})
+
+        def parse() -> torch.Tensor:
+            steps = iter(c["logprobs"]["top_logprobs"][0] for c in res)
+            return torch.tensor([[next(steps)[f"token_id:{row[t]}"] for t in range(prompt_len, len(row))]
+                                 for row in ids], dtype=torch.float64)
+
+        return self._reply("/v1/completions", parse)
+
+    def generate(self, prompts: torch.Tensor, new_tokens: int, seed: int, between=None) -> Generated:
+        """One request per trajectory, each with its own seed (one seed over a batch samples the same
+        continuation for every copy of a prompt); an activation meanwhile lands between requests, since
+        /pause waits for the one in flight. vLLM's completions report no weight version per token."""
+        fields = {"max_tokens": new_tokens, **SAMPLE, "ignore_eos": True, "logprobs": 0, "return_token_ids": True,
+                  "return_tokens_as_token_ids": True}
+        worker = None
+        if between is not None:  # an activation racing the batch, as a trainer's sync would
+            worker = threading.Timer(0.01, between, args=(new_tokens // 2,))
+            worker.start()
+        res = [self._complete([row], {**fields, "seed": seed * 100003 + i})[0] for i, row in enumerate(prompts.tolist())]
+        if worker is not None:
+            worker.join()
+
+        def parse() -> Generated:
+            out = [c["token_ids"] for c in res]
+            lp = [c["logprobs"]["token_logprobs"] for c in res]
+            if any(len(t) != new_tokens or len(x) != new_tokens for t, x in zip(out, lp)):
+                raise ValueError(f"expected {new_tokens} tokens and log-probs per choice")
+            return Generated(torch.cat([prompts, torch.tensor(out)], 1), torch.tensor(lp, dtype=torch.float64), None)
+
+        return self._reply("/v1/completions", parse)
+
+    # -- versions -----------------------------------------------------------------------------
+    def activate(self, version: int) -> None:
+        v, d = self._installed(version)
+        if v.moves == "adapter":
+            name = f"pcc-v{version}-{d.name}"
+            r = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(d)}, text=True)
+            if isinstance(r, dict):
+                raise ActivationRefused(f"load_lora_adapter {name}: {r['message']}")
+            self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
+            old, self.lora = self.lora, name
+            if old is not None and old != name:
+                self._ok("/v1/unload_lora_adapter", self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True))
+        else:
+            self._ok("/pause", self._post("/pause?mode=wait"))
+            try:
+                r = self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
+                if isinstance(r, dict) and "_status" in r:
+                    raise ActivationRefused(f"reload_weights {d}: {r['message']}")
+                reset = self._ok("/reset_prefix_cache", self._post("/reset_prefix_cache"))
+                if not self._reply("/reset_prefix_cache", lambda: reset["success"]):
+                    raise EngineError(f"{self.url}/reset_prefix_cache: the cache of version {version}'s "
+                                      "predecessor could not be dropped (blocks still held)")
+                self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
+            finally:
+                self._ok("/resume", self._post("/resume"))
+        self.manifests[version] = v.manifest
+
+    def active(self) -> tuple[int, dict]:
+        v = self._version()
+        return v, self.manifests.get(v, {})
+
+    def read_tensor(self, name: str) -> torch.Tensor:
+        raise NotServed(f"{self.url}: vLLM 0.32 returns no parameter values over HTTP (/weight_checker gives only "
+                        f"checksums of its own processed parameters), so {name} cannot be read back")
+
+
+def _npy(b64: str, rows: int, arch) -> torch.Tensor:
+    """vLLM's routed experts (utils/serial_utils.py numpy2base64: `.npy` bytes), the first `rows` tokens."""
+    import numpy as np
+
+    a = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+    if a.ndim != 3 or a.shape[0] < rows or a.shape[1:] != (arch.layers, arch.topk):
+        raise ValueError(f"routed_experts of shape {a.shape}, expected [>= {rows}, {arch.layers}, {arch.topk}]")
+    return torch.from_numpy(a[:rows].astype(np.int64))
