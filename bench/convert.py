@@ -20,7 +20,8 @@ beside it all.
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
 `--memory`: peak RSS of `pcc convert` (no calibration) of a one-layer dense model whose MLP weights are
 512 MiB each in BF16 ([65536, 4096]), per rollout layout whose scale needs the whole tensor and per
-quantized source (made from the BF16 one by `pcc convert`); `--baseline DIR` also runs each with the
+quantized source (made from the BF16 one by `pcc convert`), and of one MoE layer's 32 experts
+[4096, 4096] to MXFP4 (fused `gate_up_proj_blocks` of 512 MiB); `--baseline DIR` also runs each with the
 pcc of another checkout (e.g. `git archive` of an older commit), side by side.
 """
 
@@ -78,6 +79,9 @@ CALIBRATION = {
 MEMORY_ROOT = ROOT / "memory"
 MEMORY_CONFIG = {**_LLAMA, "hidden_size": 4096, "intermediate_size": 65536, "num_hidden_layers": 1,
                  "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 1024}
+# one MoE layer of 32 experts [4096, 4096]: its fused MXFP4 gate_up_proj_blocks are 512 MiB
+MEMORY_MOE = {**CALIBRATION["MoE 494M (32 experts)"], "hidden_size": 4096, "moe_intermediate_size": 4096,
+              "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 1024}
 # label -> (source: "bf16", or the scheme the BF16 source is first converted into; rollout scheme; hardware)
 MEMORY = {
     "bf16 -> fp8_block": ("bf16", "fp8_block", "H100"),
@@ -87,16 +91,19 @@ MEMORY = {
     "fp8_tensor -> nvfp4": ("fp8_tensor", "nvfp4", "B200"),
     "nvfp4 -> fp8_block": ("nvfp4", "fp8_block", "B200"),
     "int4_g128 -> fp8_block": ("int4_g128", "fp8_block", "H100"),
+    "MoE bf16 -> mxfp4 experts": ("moe", "mxfp4", "GB300"),
 }
 _HARDWARE = {"fp8_block": "H100", "fp8_tensor": "H100", "int4_g128": "H100", "nvfp4": "B200"}
 
 
 def memory_contract(src: Path, scheme: str, hardware: str) -> Path:
     path = src.parent / f"{src.name}-to-{scheme}.prec"
+    rules = "experts : mxfp4" if scheme == "mxfp4" else f"linear : {scheme}\n    keep bf16 : embed, lm_head, norm"
     path.write_text(f'contract mem {{\n  model from "{src}"\n  hardware {hardware}\n  rollout sglang {{\n'
-                    f"    linear : {scheme}\n    keep bf16 : embed, lm_head, norm\n  }}\n"
+                    f"    {rules}\n  }}\n"
                     "  trainer megatron {\n    gemm : bf16\n    optimizer adam\n  }\n  trainable all\n"
-                    "  sync full_weights { schedule colocated bridge bf16 activation atomic }\n}\n")
+                    "  sync full_weights { schedule colocated bridge bf16 activation atomic }\n"
+                    + ("  routing replay rollout\n" if scheme == "mxfp4" else "") + "}\n")
     return path
 
 
@@ -104,6 +111,9 @@ def memory_source(kind: str) -> Path:
     """The BF16 source, or it converted into `kind` (made once, by this checkout's pcc)."""
     from pcc.convert.run import convert
 
+    if kind == "moe":
+        generate(MEMORY_ROOT / "moe", MEMORY_MOE)
+        return MEMORY_ROOT / "moe"
     bf16 = MEMORY_ROOT / "bf16"
     generate(bf16, MEMORY_CONFIG)
     if kind == "bf16":

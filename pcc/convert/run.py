@@ -106,12 +106,15 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows; a
     quantized source's requantized or widened weight whose float32 values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
-    quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale)."""
+    quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale).
+    A run of fused (MXFP4 expert) entries is taken target by target, experts in order (every gate and
+    up, then every down), so each fused target's first tensor streams an expert at a time
+    (`_compute`); the write order of the targets is the plan's either way."""
     from pcc.convert.quantized import copies, row_unit
     from pcc.layout.tensors import piece_rows
 
     items, order, seen = [], [], {}
-    for k, e in enumerate(doc["tensors"]):
+    for k, e in enumerate(_by_fused_target(doc["tensors"])):
         if not src.has(e["source"]):
             raise ConvertError(f"{src.root}: the plan needs {e['source']}, which the checkpoint lacks")
         item = {"op": k, "source": e["source"], "emits": [], "feeds": [], "fuse": e.get("fuse"),
@@ -146,6 +149,23 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
                       "rows": None, "members": None})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
+
+
+def _by_fused_target(entries: list[dict]) -> list[dict]:
+    """`entries`, each run of consecutive fused ones stably sorted by where its first target first appears."""
+    out, run = [], []
+    for e in entries + [None]:
+        if e is not None and "fuse" in e:
+            run.append(e)
+            continue
+        first: dict[str, int] = {}
+        for k, f in enumerate(run):
+            first.setdefault(next(iter(f["targets"])), k)
+        out += sorted(run, key=lambda f: first[next(iter(f["targets"]))])
+        run = []
+        if e is not None:
+            out.append(e)
+    return out
 
 
 def _src_bytes(src: Source, name: str) -> int:
@@ -266,7 +286,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     torch.set_num_threads(1)
     for t in threads:
         t.start()
-    fused: dict[str, torch.Tensor] = {}
+    fused: dict[str, object] = {}  # fused targets being assembled (the first: its expert slice, `_compute`)
     row_parts: dict[str, list] = {}  # a weight quantized in row pieces: its scales (and zero points) so far
     try:
         while not stop.is_set():
@@ -305,15 +325,14 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                             put(out, (n, t, 0, None, True))
                 continue
             nread = _src_bytes(src, it["source"])
-            pieces = [(n, t) for n, t in _compute(plan, src, it, tensor, fused, place_fused, input_scales)
-                      if writer.wanted(n)]
+            pieces = [p for p in _compute(plan, src, it, tensor, fused, place_fused, input_scales) if writer.wanted(p[0])]
             del tensor
             # the read buffer goes back once nothing still to be written is a view of it
-            last = max((k for k, (_, t) in enumerate(pieces) if buf is not None and _shares(t, buf)), default=None)
+            last = max((k for k, (_, t, _) in enumerate(pieces) if buf is not None and _shares(t, buf)), default=None)
             if buf is not None and last is None:
                 buffers.give(buf)
-            for k, (name, t) in enumerate(pieces):
-                put(out, (name, t, nread, buf if k == last else None, True))
+            for k, (name, t, final) in enumerate(pieces):
+                put(out, (name, t, nread, buf if k == last else None, final))
                 nread = 0
     except BaseException as err:
         errors.append(err)
@@ -423,9 +442,12 @@ def _shares(t, buf) -> bool:
 
 
 def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, input_scales: dict):
-    """(name, tensor) pairs one work item contributes, in write order; NVFP4 input scales are the
-    carried or calibrated ones. A quantized source's weight (`Encoded`) is copied or dequantized
-    and requantized by `pcc.convert.quantized.rollout_of`."""
+    """(name, tensor, last piece?) one work item contributes, in write order; NVFP4 input scales are
+    the carried or calibrated ones. A quantized source's weight (`Encoded`) is copied or dequantized
+    and requantized by `pcc.convert.quantized.rollout_of`. Of a fused [E, ...] target, the first
+    (MXFP4 `_blocks`) is written an expert at a time, as each expert's slice is complete (its parts
+    arrive expert by expert, `_by_fused_target`); the others (`_scales`, 1/16 of it) are assembled
+    whole and written with the last expert."""
     import torch
 
     from pcc.convert.quantized import Encoded, rollout_of
@@ -450,16 +472,33 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
         _check_finite(tensor, it["source"], file)
     pieces = {n: input_scales.get(n, t) for n, t in pieces.items()}
     if it["fuse"] is None:
-        return list(pieces.items())
+        return [(n, t, True) for n, t in pieces.items()]
     ready = []
-    shapes = {}
-    for name, piece in pieces.items():
+    fuse = it["fuse"]
+    per_expert = 1 if fuse["rows"] == "all" else 2
+    for k, (name, piece) in enumerate(pieces.items()):
+        shape = _fused_shape(plan, it, name)
+        if k == 0:  # streamed: this expert's slice
+            state = fused.setdefault(name, {"expert": 0, "parts": 0, "slice": None})
+            if fuse["expert"] != state["expert"]:
+                raise ConvertError(f"internal order error: {it['source']} is expert {fuse['expert']}, "
+                                   f"{name} expects expert {state['expert']}")
+            if state["slice"] is None:
+                state["slice"] = torch.zeros([1, *shape[1:]], dtype=piece.dtype)
+            place_fused(state["slice"], piece, {**fuse, "expert": 0})
+            state["parts"] += 1
+            if state["parts"] == per_expert:
+                final = fuse["expert"] == shape[0] - 1
+                ready.append((name, state["slice"][0], final))
+                state.update(expert=fuse["expert"] + 1, parts=0, slice=None)
+                if final:
+                    del fused[name]
+            continue
         if name not in fused:
-            shapes[name] = _fused_shape(plan, it, name)
-            fused[name] = torch.zeros(shapes[name], dtype=piece.dtype)
-        place_fused(fused[name], piece, it["fuse"])
+            fused[name] = torch.zeros(shape, dtype=piece.dtype)
+        place_fused(fused[name], piece, fuse)
         if name in it["emits"]:
-            ready.append((name, fused.pop(name)))
+            ready.append((name, fused.pop(name), True))
     return ready
 
 

@@ -122,3 +122,35 @@ def test_quantized_sources_stream_in_row_pieces(kind, tmp_path, monkeypatch):
     whole, streamed = _tensors(tmp_path / "whole"), _tensors(tmp_path / "pieces")
     assert len(whole) > 100 and streamed == whole
     assert main(["verify-checkpoint", str(contract), str(tmp_path / "pieces"), "--source", str(src), "--full"]) == 0
+
+
+def test_mxfp4_fused_experts_stream_an_expert_at_a_time(tmp_path, monkeypatch):
+    """Each layer's `_blocks` tensors are written an expert's slice at a time (gate and up rows interleaved),
+    the `_scales` whole; the bytes are what the live sync assembles whole (place_fused)."""
+    import pcc.convert.shards as shards
+    from pcc.lower import compile_file
+    from pcc.runtime.weights import convert_full
+
+    src = tmp_path / "src"
+    weights = make_checkpoint(src, "tiny_moe")  # the catalog's own sizes: the live sync compiles the contract alone
+    contract = _contract(tmp_path, "mxfp4", "experts : mxfp4\n    keep bf16 : attn, router, embed, lm_head, norm",
+                         hw="GB300")
+    writes = {}
+    real = shards.ShardWriter.write
+
+    def spy(self, name, data, last=True):
+        writes.setdefault(name, []).append(last)
+        return real(self, name, data, last)
+
+    monkeypatch.setattr(shards.ShardWriter, "write", spy)
+    _convert(contract, src, tmp_path / "out")
+    monkeypatch.undo()
+    blocks = [n for n in writes if n.endswith("_blocks")]
+    assert len(blocks) == 8  # 4 layers x gate_up, down
+    assert all(writes[n] == [False] * 7 + [True] for n in blocks)  # 8 experts, one piece each
+    assert all(writes[n] == [True] for n in writes if n.endswith("_scales"))
+    live = convert_full(compile_file(str(contract)).plan, weights)
+    out = _tensors(tmp_path / "out")
+    for n in blocks + [n for n in writes if n.endswith("_scales")]:
+        assert out[n][2] == live[n].contiguous().view(-1).view(torch.uint8).numpy().tobytes(), n
+    assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
