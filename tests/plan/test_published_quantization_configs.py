@@ -1,6 +1,8 @@
 """The rollout checkpoint config a one-line contract produces, field by field against the model's published
-one, and read by a loader's own code (transformers' quantization config classes and its module-exclusion
-rule `should_convert_module`, which its FP8 and MXFP4 loaders apply).
+one, and read by the loaders' own code: transformers' quantization config classes and its module-exclusion
+rule `should_convert_module` (its FP8 and MXFP4 loaders apply it), and vLLM's (`get_quantization_config(method)
+.from_config`, the fields the parsed object holds, and its exclusion rule `is_layer_skipped`), run in a child
+process over vLLM's side folder as pcc.lower.verify_vllm does.
 
 Published: deepseek-ai/DeepSeek-V3 `quantization_config` {activation_scheme dynamic, fmt e4m3, quant_method
 fp8, weight_block_size [128, 128]}; openai/gpt-oss-20b {modules_to_not_convert [model.layers.*.self_attn,
@@ -12,6 +14,10 @@ config omits the list (DeepSeek-V3) or writes globs (gpt-oss); the loaders decid
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -88,3 +94,61 @@ def test_gpt_oss_mxfp4(tmp_path, gpt_oss_dir):
     converted = [m for m in modules if should_convert_module(m, ours["modules_to_not_convert"])
                  and m.startswith("model.layers.") and "norm" not in m]
     assert converted and all(".mlp.experts" in m for m in converted)  # the experts only, as published
+
+
+_VLLM_CHILD = textwrap.dedent("""
+    import json, sys
+    sys.path.append(sys.argv[1])
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
+    out = []
+    for case in json.loads(sys.stdin.read()):
+        obj = get_quantization_config(case["method"]).from_config(dict(case["config"]))
+        fields = {k: v for k, v in vars(obj).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+        mode = getattr(obj, "ignored_layers_match_mode", "exact")
+        skipped = [is_layer_skipped(m, obj.ignored_layers, match_mode=mode)
+                   for m in case["modules"]] if getattr(obj, "ignored_layers", None) is not None else None
+        out.append({"class": type(obj).__name__, "fields": fields, "skipped": skipped})
+    print(json.dumps(out))
+""")
+
+
+def _vllm_parse(cases: list[dict]) -> list[dict]:
+    vv = pytest.importorskip("pcc.lower.verify_vllm")
+    where = vv.engine_dir()
+    if not (where / "vllm" / "__init__.py").is_file():
+        pytest.skip(f"vLLM is not installed in {where}")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", _VLLM_CHILD, str(where)], input=json.dumps(cases), text=True,
+                          capture_output=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.engines
+def test_vllm_parses_the_published_and_pcc_configs_alike(tmp_path, gpt_oss_dir):
+    """vLLM's Fp8Config (DeepSeek-V3) and GptOssMxfp4Config (gpt-oss) hold the same fields for the published and
+    pcc's configs but the exclusion list, and decide every module vLLM builds quantized the same way. vLLM reads
+    neither `fmt` nor, for gpt-oss, `modules_to_not_convert` (GptOssMxfp4Config.from_config takes no field)."""
+    ds = _plan(tmp_path, "deepseek_v3", "linear : fp8_block", "H100")
+    path = tmp_path / "g.prec"
+    path.write_text(f'contract one-line {{\n  model from "{gpt_oss_dir}"\n  hardware B200\n  rollout sglang {{\n'
+                    "    experts : mxfp4\n  }\n  routing replay rollout\n}\n", encoding="utf-8")
+    oss = compile_file(str(path)).plan
+    cases = []
+    for published, plan, method in ((DEEPSEEK_V3, ds, "fp8"), (GPT_OSS, oss, "gpt_oss_mxfp4")):
+        modules = _modules(plan)
+        cases += [{"method": method, "config": published, "modules": modules},
+                  {"method": method, "config": quantization_config(plan), "modules": modules}]
+    theirs_ds, ours_ds, theirs_oss, ours_oss = _vllm_parse(cases)
+    assert theirs_ds["class"] == ours_ds["class"] == "Fp8Config"
+    differ = {k for k in theirs_ds["fields"] if theirs_ds["fields"][k] != ours_ds["fields"][k]}
+    assert differ == {"ignored_layers"} and ours_ds["fields"]["weight_block_size"] == [128, 128]
+    assert ours_ds["fields"]["is_checkpoint_fp8_serialized"] and ours_ds["fields"]["activation_scheme"] == "dynamic"
+    # The modules whose decision differs are the ones pcc lists and DeepSeek-V3 leaves unlisted: the router, the
+    # embeddings and lm_head, which vLLM's DeepSeek model builds unquantized whatever the list says (the router is a
+    # ReplicatedLinear with quant_config=None; embeddings and lm_head are no LinearBase).
+    changed = {m for m, a, b in zip(cases[0]["modules"], theirs_ds["skipped"], ours_ds["skipped"]) if a != b}
+    assert {m.rsplit(".", 1)[-1] if m.startswith("model.layers.") else m for m in changed} == {
+        "gate", "model.embed_tokens", "lm_head"}
+    assert theirs_oss == ours_oss and theirs_oss["class"] == "GptOssMxfp4Config"
