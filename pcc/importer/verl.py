@@ -109,7 +109,13 @@ class _View:
 
 
 def _typed(imp: Imported, v: _View, key: str, kind, default=None):
+    """The key's value as `kind`; a string OmegaConf would convert for a typed field ("4", "true")
+    is converted, anything else is PCC801 at its position."""
     value = v.get(key, default)
+    if isinstance(value, str) and kind is int and re.fullmatch(r"[+-]?\d+", value.strip()):
+        return int(value)
+    if isinstance(value, str) and kind is bool and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

@@ -242,6 +242,7 @@ def _script_line(job: Job, words: list[str], line: str, offset: int, assigned: d
     k = 0
     cursor = 0
     in_array = False  # `cmd=(python3 -m verl.trainer.main_ppo ...)`: the array's `)` ends the command
+    has_entry = any(ENTRY.search(w) for w in words)
 
     def locate(word: str) -> Span:
         nonlocal cursor
@@ -261,7 +262,7 @@ def _script_line(job: Job, words: list[str], line: str, offset: int, assigned: d
             in_array = True
         elif m:
             assigned[m[1]] = m[2]
-            if k > 0 and words[k - 1] == "export" or "." not in m[1]:
+            if (k > 0 and words[k - 1] == "export") or has_entry:  # exported, or the command's own prefix
                 job.exports[m[1]] = (m[2], locate(w))
         k += 1
     else:
