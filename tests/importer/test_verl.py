@@ -341,6 +341,54 @@ def test_fsdp_lora_script(tmp_path):
                 and x.path not in ("actor_rollout_ref.rollout.calculate_log_prob",)], imp.diagnostics
 
 
+ASYNC = """\
+actor_rollout_ref.rollout.name=sglang
++actor_rollout_ref.rollout.engine_kwargs.sglang.kv_cache_dtype=fp8_e5m2
+trainer.v1.trainer_mode=separate_async
+trainer.v1.sampler.max_off_policy_threshold=3
+trainer.v1.separate_async.parameter_sync_step=2
++actor_rollout_ref.rollout.full_determinism=true
+actor_rollout_ref.rollout.tensor_model_parallel_sise=2
+~algorithm.rollout_correction.bypass_mode
+"""
+
+
+def test_async_argument_file(tmp_path):
+    """The v1 trainer's separate_async mode: verl drops a trajectory when global_steps - its step + 1
+    > max_off_policy_threshold (trainer/ppo/v1/replay_buffer.py), so 3 is a staleness of 2."""
+    _verl_or_skip()
+    src = tmp_path / "async.txt"
+    src.write_text(ASYNC)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    d = imp.contract
+    assert d["sync"] == {"schedule": "async", "max_staleness": 2, "interval": 2}
+    assert d["rollout"]["engine"] == "sglang" and d["rollout"]["deterministic"]
+    assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e5m2"} in d["rollout"]["rules"]
+    assert d["trainer"]["engine"] == "fsdp"  # no config named, no Megatron key: ppo_trainer (PCC808)
+    assert ("PCC808", "trainer.engine") in _codes(imp)
+    add = _at(imp, "PCC810", "actor_rollout_ref.rollout.full_determinism")  # `+` on a key verl has
+    assert add.span.line == 6 and "refuses to add" in add.message
+    typo = _at(imp, "PCC810", "actor_rollout_ref.rollout.tensor_model_parallel_sise")
+    assert typo.span.line == 7 and "tensor_model_parallel_size" in typo.hint and "Hydra refuses" in typo.message
+    assert not [x for x in imp.diagnostics if x.path == "algorithm.rollout_correction.bypass_mode"]
+
+
+def test_without_verl_the_import_runs_and_says_keys_were_not_checked(tmp_path, monkeypatch):
+    from pcc.importer.verl_config import verl_trees
+
+    src = tmp_path / "async.txt"
+    src.write_text(ASYNC)
+    monkeypatch.setenv("PCC_VERL_DIR", str(tmp_path / "nowhere"))
+    verl_trees.cache_clear()
+    try:
+        imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    finally:
+        verl_trees.cache_clear()
+    notes = [x for x in imp.diagnostics if x.code == "PCC810"]
+    assert len(notes) == 1 and "not checked" in notes[0].message
+    assert imp.contract["sync"]["max_staleness"] == 2
+
+
 # -- what the import assumes is verl's own ------------------------------------------------------------
 
 def test_defaults_are_verls_composed_config():
