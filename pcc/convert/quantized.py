@@ -19,7 +19,7 @@ from pcc.models.base import CatalogError
 from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
 
-__all__ = ["Encoded", "Encoding", "View", "copied_tensors", "copies", "finite", "read", "read_rows", "read_small_int",
+__all__ = ["Encoded", "Encoding", "View", "copied", "copied_tensors", "copies", "finite", "read", "read_rows", "read_small_int",
            "recognize", "rollout_of", "row_unit"]
 
 
@@ -243,6 +243,26 @@ def copies(enc: Encoding, scheme, layout: str) -> bool:
     return w.size == enc.block[1] and scheme.symmetric == enc.symmetric and scheme.scale == "fp32"  # int4
 
 
+def copied(src, plan, i: int) -> bool:
+    """Is operator i's source weight copied bit for bit? Its encoding must be a member of the rollout
+    scheme (`copies`) and, in an NVFP4 scale group, so must every member's, with one `weight_scale_2`:
+    members a source scaled apart (the loaders would apply one of their scales to all) are requantized
+    together with the group's amax instead (pcc.plan.tensors.scale_group)."""
+    from pcc.lower.converter import tensor_targets
+
+    t = tensor_targets(plan, i)
+    enc = src.view.encodings.get(plan.catalog.operators[i].tensor)
+    if enc is None or not copies(enc, plan.scheme("rollout", i), t["layout"]):
+        return False
+    group = t.get("scale_group")
+    if not group:
+        return True
+    encs = [src.view.encodings.get(m) for m in group]
+    if any(e is None or not copies(e, plan.scheme("rollout", plan.index[m]), "nvfp4") for e, m in zip(encs, group)):
+        return False
+    return len({src.load(e.part("scale_2")).float().reshape(-1).numpy().tobytes() for e in encs}) == 1
+
+
 def copied_tensors(enc: Encoding, parts: dict, targets: dict) -> dict:
     """The rollout tensors (target name -> tensor) of a copied encoding, in the targets' order; a scale
     stored narrower than the target's float32 (compressed-tensors' BF16) is widened, exactly."""
@@ -315,19 +335,20 @@ def _has_e4m3_nan(t) -> bool:
     return False
 
 
-def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None) -> dict:
+def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy: bool | None = None) -> dict:
     """Operator i's rollout tensors from what the source holds: a plain tensor goes through
-    `rollout_tensors`; an encoded one is copied when its encoding is the rollout scheme's, else
-    dequantized (float32) and quantized again, or, kept wide, written as its BF16 rounding. The one
-    function `pcc convert` writes with and `pcc verify-checkpoint --source` checks against. `amax`
-    and `rows` as for `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy)."""
+    `rollout_tensors`; an encoded one is copied when its encoding is the rollout scheme's (`copy`:
+    the caller's `copied`, which also looks at its scale group), else dequantized (float32) and
+    quantized again, or, kept wide, written as its BF16 rounding. The one function `pcc convert`
+    writes with and `pcc verify-checkpoint --source` checks against. `amax` and `rows` as for
+    `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy)."""
     from pcc.layout.tensors import rollout_tensors
     from pcc.lower.converter import tensor_targets
 
     if not isinstance(loaded, Encoded):
         return rollout_tensors(plan, i, loaded, rows=rows, amax=amax)
     t = tensor_targets(plan, i)
-    if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]):
+    if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]) if copy is None else copy:
         if rows is not None:
             raise ValueError(f"{loaded.enc.name}: a copied encoding is written whole, not in rows")
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])

@@ -110,7 +110,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     A run of fused (MXFP4 expert) entries is taken target by target, experts in order (every gate and
     up, then every down), so each fused target's first tensor streams an expert at a time
     (`_compute`); the write order of the targets is the plan's either way."""
-    from pcc.convert.quantized import copies, row_unit
+    from pcc.convert.quantized import copied, row_unit
     from pcc.layout.tensors import piece_rows
 
     items, order, seen = [], [], {}
@@ -134,7 +134,8 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
                         and src.nbytes(e["source"]) > PIECE_BYTES else None)
         layout = doc["recipes"][e["recipe"]]["layout"]
         enc = src.view.encodings.get(e["source"])
-        requantized = enc is not None and not copies(enc, plan.scheme("rollout", plan.index[e["source"]]), layout)
+        requantized = enc is not None and not copied(src, plan, plan.index[e["source"]])
+        item["copied"] = enc is not None and not requantized
         if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
             item["rows"] = math.lcm(1 if layout == "wide" else piece_rows(plan, plan.index[e["source"]]), row_unit(enc))
         item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout in _GLOBAL_SCALE
@@ -146,7 +147,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
             continue
         entry = src.entries[name]
         items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True,
-                      "rows": None, "members": None})
+                      "rows": None, "members": None, "copied": False})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
 
@@ -392,7 +393,8 @@ def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
     file = src.file_of(it["source"])
     n = rows.enc.shape[0] if isinstance(rows, Encoded) else rows.shape[0]
     try:
-        return rollout_of(plan, plan.index[it["source"]], rows, amax=it.get("amax"), rows=slice(r0, r0 + n))
+        return rollout_of(plan, plan.index[it["source"]], rows, amax=it.get("amax"), rows=slice(r0, r0 + n),
+                          copy=it["copied"])
     except (ValueError, ConvertError) as err:
         raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + n})") from None
 
@@ -463,7 +465,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
         entry = src.entries[it["source"]]
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     try:
-        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"))
+        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"), copy=it["copied"])
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
     except ConvertError as err:

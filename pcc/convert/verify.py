@@ -147,7 +147,7 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     import torch
 
     from pcc.convert.calibration import shared
-    from pcc.convert.quantized import Encoded, rollout_of
+    from pcc.convert.quantized import Encoded, copied, rollout_of
     from pcc.layout.tensors import group_amax
     from pcc.runtime.calibrate import static_targets
 
@@ -170,7 +170,8 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
         if src is not None:
             loaded = src.read(e["source"])  # a quantized source's weight: compared with its dequantized value
             x = loaded.dequantize() if isinstance(loaded, Encoded) else loaded
-            mine = rollout_of(plan, i, loaded, amax=group_amax(plan, i, src.weight))
+            copy = isinstance(loaded, Encoded) and copied(src, plan, i)
+            mine = rollout_of(plan, i, loaded, amax=None if copy else group_amax(plan, i, src.weight), copy=copy)
             for name, t in mine.items():
                 if name.endswith(".input_scale") and layout == "nvfp4":
                     have = carried.get(name, written[name])

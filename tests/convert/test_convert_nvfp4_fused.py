@@ -190,3 +190,45 @@ def test_num_local_experts_is_calibrated_as_moe(tmp_path, capsys):
     scales = [n for n in a if n.endswith(".input_scale")]
     assert len(scales) == 96 and all(torch.equal(a[n], b[n]) for n in scales)
     assert len({float(a[n]) for n in scales}) > 10  # measured, not the 1.0 placeholder
+
+
+def test_an_nvfp4_source_that_scaled_fused_members_apart_is_requantized_with_one_scale(tmp_path):
+    """A source whose expert gate and up carry different weight_scale_2 (the loaders would apply gate's to
+    both) is requantized as a group from its own values; members that agree are copied bit for bit."""
+    from safetensors.torch import save_file
+
+    wide = tmp_path / "bf16"
+    make_checkpoint(wide, "tiny_moe", shards=1)
+    contract = _contract(tmp_path, "tiny_moe", "experts : nvfp4")
+    src = tmp_path / "modelopt"
+    assert main(["convert", str(contract), "--from", str(wide), "--to", str(src), "--no-calibrate"]) == 0
+    tensors = _load(src)
+    p = "model.layers.2.mlp.experts.5."
+    tensors[p + "up_proj.weight_scale_2"] = tensors[p + "up_proj.weight_scale_2"] * 0.75  # a legit, other weight
+    (src / "pcc_convert.json").unlink()
+    save_file(tensors, str(next(src.glob("*.safetensors"))), metadata={"format": "pt"})
+    dst = tmp_path / "out"
+    assert main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--no-calibrate"]) == 0
+    out = _load(dst)
+    # the group: the source's values (e2m1 x e4m3 x its own weight_scale_2), requantized with their joint amax
+    values = {}
+    for m in ("gate_proj", "up_proj"):
+        q = p + m
+        codes = _unpack(tensors[q + ".weight"].numpy(), 128)
+        block = tensors[q + ".weight_scale"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        values[m] = _e2m1(codes) * np.repeat(block, 16, 1) * tensors[q + ".weight_scale_2"].numpy()
+    amax = np.float32(max(np.abs(v).max() for v in values.values()))
+    for m, x in values.items():
+        codes, s_b, ws2 = _reference(x.astype(np.float32), amax)
+        assert float(out[p + m + ".weight_scale_2"]) == float(ws2)
+        assert np.array_equal(_unpack(out[p + m + ".weight"].numpy(), 128), codes)
+    # one scale for both, so one member's differs from the source's: requantized, where a copy keeps both
+    assert torch.equal(out[p + "up_proj.weight_scale_2"], out[p + "gate_proj.weight_scale_2"])
+    assert any(not torch.equal(out[p + m + ".weight_scale_2"], tensors[p + m + ".weight_scale_2"])
+               and not torch.equal(out[p + m + ".weight_scale"].view(torch.uint8),
+                                   tensors[p + m + ".weight_scale"].view(torch.uint8)) for m in ("gate_proj", "up_proj"))
+    same = [n for n in tensors if ".experts.5." not in n or ".layers.2." not in n]
+    assert len(same) > 300 and all(torch.equal(out[n].view(torch.uint8) if out[n].dtype != torch.float32 else out[n],
+                                                tensors[n].view(torch.uint8) if tensors[n].dtype != torch.float32
+                                                else tensors[n]) for n in same)
+    assert main(["verify-checkpoint", str(contract), str(dst), "--source", str(src), "--full"]) == 0
