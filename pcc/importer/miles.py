@@ -205,7 +205,7 @@ def import_miles(source: str, model: str | None, hardware: str | None = None) ->
     _rollout(imp, launch, catalog, ckpt)
     _trainer(imp, launch, catalog)
     _sync_and_objective(imp, launch, catalog)
-    _expectations(imp, launch)
+    read_expectations(imp, launch.expectations)
     if launch.value("--sglang-device") == "cpu" and hardware is None:
         hardware = "cpu"
     for field, why in NOT_IN_A_LAUNCH:
@@ -498,14 +498,14 @@ def lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
     return select(catalog, chosen, scope)
 
 
-def _expectations(imp: Imported, launch: Launch) -> None:
+def read_expectations(imp: Imported, path: Path | None) -> None:
     """A bundle's validate/expectations.yaml: the thresholds whose source is the contract."""
-    if launch.expectations is None:
+    if path is None:
         return
     try:
-        doc = yaml.safe_load(launch.expectations.read_text(encoding="utf-8")) or {}
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ImportFailed(f"{launch.expectations}: unreadable ({exc})", file=str(launch.expectations)) from None
+        raise ImportFailed(f"{path}: unreadable ({exc})", file=str(path)) from None
     out = []
     for level in doc.get("levels") or []:
         for th in level.get("thresholds") or []:
@@ -518,4 +518,3 @@ def _expectations(imp: Imported, launch: Launch) -> None:
             out.append(e)
     if out:
         imp.contract["expect"] = out
-

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, contract_name
 from pcc.importer.checkpoint import Decided, _define, finish, load_model, rollout_rules
-from pcc.importer.miles import Flags, lora_targets, trainer_rules
+from pcc.importer.miles import Flags, lora_targets, read_expectations, trainer_rules
 from pcc.importer.rules import family_patterns
 from pcc.importer.te import BLOCK_FP32_ENV
 from pcc.importer.verl_source import Entry, Job, read_job
@@ -70,7 +70,8 @@ PRECISION = re.compile(r"fp8|fp4|fp16|bf16|fp32|int4|int8|dtype|precision|quant|
 # Free-form maps of verl's config (any key is passed on): override_* dicts, *kwargs, env vars.
 _FREE = re.compile(r"(^|\.)(override_\w+|\w*kwargs|env_vars|runtime_env|mbridge_config|override_config)$")
 NOT_IN_A_JOB = (
-    ("expect", "a verl job states no validation expectations; the contract states none"),
+    ("expect", "a verl job states no validation expectations (a pcc bundle's validate/expectations.yaml does); the "
+               "contract states none"),
     ("rollout.record", "verl records log-probabilities (calculate_log_probs) and replays routes; 'versions' is pcc's"),
     ("sync.activation", "verl activates a synced version atomically (its weight update is a barrier)"),
     ("trainer.rules gemm", "Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' are not "
@@ -143,7 +144,11 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
     _trainer(imp, v, catalog, megatron, env)
     _objective(imp, v, catalog, megatron)
     _check_keys(imp, v, "ppo_megatron_trainer" if megatron else "ppo_trainer")
+    bundle = Path(source) / "validate" / "expectations.yaml"
+    read_expectations(imp, bundle if bundle.is_file() else None)  # a pcc bundle's, as the Miles import reads it
     for path, why in NOT_IN_A_JOB:
+        if path == "expect" and "expect" in imp.contract:
+            continue
         imp.warn("PCC808", f"{path}: not in a verl job ({why}); the contract states pcc's default", path)
     finish(imp, catalog, hardware)
     return imp

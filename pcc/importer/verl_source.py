@@ -331,14 +331,14 @@ def read_yaml(path: str) -> Job:
 
 
 def read_job(source: str) -> Job:
-    """A YAML config (.yaml/.yml), a pcc verl job folder (verl/overrides.txt, its launch.sh naming the
-    config), a script or an argument file."""
+    """A YAML config (.yaml/.yml), a folder holding verl/overrides.txt (a pcc bundle, or a verl job
+    pcc wrote; its launch.sh names the config), a script or an argument file."""
     p = Path(source)
     if p.is_dir():
         over = next((c for c in (p / "verl" / "overrides.txt", p / "overrides.txt") if c.is_file()), None)
         if over is None:
-            raise ImportFailed(f"{source}: no verl/overrides.txt here (a folder pcc.lower.verl wrote); pass the "
-                               "YAML config, script or argument file instead", file=source)
+            raise ImportFailed(f"{source}: no verl/overrides.txt here (a pcc bundle of a 'framework verl' contract "
+                               "has one); pass the YAML config, script or argument file instead", file=source)
         job = read_overrides(str(over))
         launch = over.parent / "launch.sh"
         if launch.is_file():

@@ -103,6 +103,24 @@ def test_verl_round_trip(name, tmp_path):
     assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"expect", "trainer.rules gemm"}
 
 
+@pytest.mark.parametrize("name", ["verl/bf16_baseline", "verl/tiny_cpu"])
+def test_verl_bundle_round_trip(name, tmp_path):
+    """A compiled bundle of a 'framework verl' contract also carries its expectations
+    (validate/expectations.yaml), read as the Miles import reads them: they come back too."""
+    from pcc.bundle import write_bundle
+    from pcc.diff import diff
+
+    _verl_or_skip()
+    src = str(ROOT / "contracts" / f"{name}.prec")
+    c = compile_file(src)
+    write_bundle(c.plan, tmp_path / "bundle")
+    imp = import_source("verl", str(tmp_path / "bundle"), c.plan.contract.model.catalog)
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert _differences(diff(src, str(out))) == NOT_CARRIED[name] - _EXPECT
+    assert "expect" not in {d.path for d in imp.diagnostics}
+
+
 def _contract(body: str, trainer: str = "megatron", extra: str = "") -> str:
     return (f"contract c {{\n  model qwen3_30b_a3b\n  hardware H100\n  framework verl\n  rollout vllm {{\n{body}\n"
             f"    max_tokens 2048\n  }}\n  trainer {trainer} {{\n    gemm : bf16\n  }}\n{extra}}}\n")
