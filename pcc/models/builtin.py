@@ -15,6 +15,11 @@ _CONFIGS = Path(__file__).resolve().parent / "configs"
 
 # Model types whose attention normalizes q and k per head (Qwen3 family).
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+# Non-weight tensors transformers' models of these types save (their modeling_*.py): q/k/v biases (Qwen2 always;
+# others with attention_bias, o_proj's too for Llama/Mistral), the router's correction bias (GLM-4 MoE always).
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
+_O_BIAS_TYPES = frozenset({"llama", "mistral"})
+_CORRECTION_BIAS_TYPES = frozenset({"glm4_moe"})
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -73,7 +78,7 @@ def tensor_names(config: dict) -> tuple[list[str], list[str]]:
         layer_extras = [*attention_extras, *_LAYER_EXTRAS.get(c.get("model_type"), ())]
         if _is_moe_layer(c, layer):
             modules.append(router)
-            if c.get("topk_method") == "noaux_tc":
+            if c.get("topk_method") == "noaux_tc" or c.get("model_type") in _CORRECTION_BIAS_TYPES:
                 layer_extras.append("mlp.gate.e_score_correction_bias")
             for expert in range(_num_experts(c)):
                 modules += [f"{experts}.{expert}.{proj}" for proj in projections]
@@ -93,9 +98,14 @@ def tensor_names(config: dict) -> tuple[list[str], list[str]]:
 def _attention_modules(c: dict) -> tuple[list[str], list[str]]:
     if c.get("kv_lora_rank") is None:
         modules = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]
-        if c.get("model_type") in _QK_NORM_TYPES:
+        if c.get("model_type") in _QK_NORM_TYPES or c.get("use_qk_norm"):
             modules += ["self_attn.q_norm", "self_attn.k_norm"]
-        return modules, []
+        biases = []
+        if c.get("attention_bias") or c.get("model_type") in _QKV_BIAS_TYPES:
+            biases = [f"self_attn.{p}_proj.bias" for p in ("q", "k", "v")]
+            if c.get("attention_bias") and c.get("model_type") in _O_BIAS_TYPES:
+                biases.append("self_attn.o_proj.bias")
+        return modules, biases
     if c.get("q_lora_rank") is None:
         modules = ["self_attn.q_proj"]
     else:
