@@ -121,7 +121,8 @@ LAUNCH_README = {
     "miles": "Launch on Miles: set `PCC_ROLLOUT_CHECKPOINT`, `PCC_REF_LOAD` and `MILES_DIR`, then "
              "`miles/launch.sh [MILES ARGS...]` (a `job` file beside the bundle adds the job's flags; later flags win).\n",
     "verl": "Launch on verl: `verl/launch.sh [HYDRA OVERRIDES...]` or `pcc run . --target verl -- OVERRIDES...` "
-            "(the job's data, `actor_rollout_ref.model.path` and batch sizes; later overrides win).\n",
+            "(a `job` file beside the bundle adds the job's overrides, one per line: its data, "
+            "`actor_rollout_ref.model.path` and batch sizes; later overrides win).\n",
 }
 
 

@@ -11,7 +11,11 @@ Miles' arguments come in this order, and where two set the same flag the later w
 flags (miles/args.txt), the checkpoints, the job file, then the arguments given after `--`.
 The job file holds Miles flags, one per line (blank lines and '#' comments skipped); it is
 $PCC_MILES_JOB, else the file `job` beside the bundle (beside the contract file when a
-contract is launched). Nothing in the bundle changes, so its manifest still checks.
+contract is launched). verl's is found the same way ($PCC_VERL_JOB) and holds one Hydra
+override per line; it goes between the bundle's overrides and the arguments (Hydra applies
+overrides in order: the later wins). Either way an argument that sets what the bundle sets
+again is listed by the dry run, not refused. Nothing in the bundle changes, so its manifest
+still checks.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pcc.lower import PATH_VARIABLES
-from pcc.lower.miles import JOB_FILE, JOB_VARIABLE, MODEL_ARGS
+from pcc.lower import JOB_FILE, PATH_VARIABLES
+from pcc.lower.miles import JOB_VARIABLE, MODEL_ARGS
+from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE
 from pcc.lower.verify_verl import VERSION as VERL_VERSION
 
 NEEDED = {
@@ -68,13 +73,42 @@ def words(text: str) -> list[str]:
     return out
 
 
-def job_file(source: str, env: dict[str, str]) -> Path | None:
-    """The job file launch.sh reads (None: none), as it resolves it: $PCC_MILES_JOB when set
-    (empty: none), else `job` beside the bundle, or beside the contract file."""
-    if JOB_VARIABLE in env:
-        return Path(env[JOB_VARIABLE]) if env[JOB_VARIABLE] else None
+def override_lines(text: str) -> list[str]:
+    """The overrides of a verl job file, as launch.sh reads them: one a line, blanks around it trimmed,
+    blank lines and lines starting with '#' skipped (a value may hold spaces: Hydra keeps them)."""
+    return [t for t in (line.strip(" \t\r\v\f") for line in text.split("\n")) if t and not t.startswith("#")]
+
+
+def job_file(source: str, env: dict[str, str], variable: str) -> Path | None:
+    """The job file launch.sh reads (None: none), as it resolves it: $variable when set (empty: none),
+    else `job` beside the bundle, or beside the contract file."""
+    if variable in env:
+        return Path(env[variable]) if env[variable] else None
     path = Path(os.path.abspath(source)).parent / JOB_FILE
     return path if path.is_file() else None
+
+
+def _job(source: str, env: dict[str, str], variable: str, read: Callable[[str], list[str]]):
+    """The job file and its arguments; for a launched contract file (compiled into a temporary bundle,
+    beside which launch.sh would look) the file is named to launch.sh through `variable`."""
+    from pcc.bundle import is_bundle
+
+    job = job_file(source, env, variable)
+    if not is_bundle(source):
+        env[variable] = str(job) if job else ""
+    return job, read(job.read_text()) if job and job.is_file() else []
+
+
+def _job_missing(env: dict[str, str], variable: str, what: str) -> list[str]:
+    job = env.get(variable)
+    return [f"{variable}={job}: no such file (the job file: {what})"] if job and not Path(job).is_file() else []
+
+
+def _job_comments(job: Path | None, variable: str, changed: list[dict]) -> list[str]:
+    """The dry run's lines on the job file and on every value the job or the command line sets again."""
+    out = [f"# job file: {shlex.quote(str(job)) if job else f'none (set {variable}, or write {JOB_FILE} beside the bundle)'}"]
+    return out + [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
+                  f"{o['bundle'] or '(no value)'}" for o in changed]
 
 
 def _flags(args: list[str]) -> dict[str, list[str]]:
@@ -90,10 +124,11 @@ def _flags(args: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def overrides(bundle_args: dict[str, list[str]], later: list[str], where: str) -> list[dict]:
-    """The flags `later` sets again, with both values: the later one wins."""
+def overrides(bundle_args: dict[str, list[str]], later: list[str], where: str,
+              parse: Callable[[list[str]], dict[str, list[str]]] = _flags) -> list[dict]:
+    """The flags (verl: the keys) `later` sets again, with both values: the later one wins."""
     return [{"flag": f, "bundle": " ".join(bundle_args[f]), "now": " ".join(v), "from": where}
-            for f, v in _flags(later).items() if f in bundle_args and bundle_args[f] != v]
+            for f, v in parse(later).items() if f in bundle_args and bundle_args[f] != v]
 
 
 def missing(env: dict[str, str]) -> list[str]:
@@ -107,10 +142,7 @@ def missing(env: dict[str, str]) -> list[str]:
     miles = env.get("MILES_DIR")
     if miles and not (Path(miles) / "train.py").is_file():
         out.append(f"MILES_DIR={miles} has no train.py: clone Miles there")
-    job = env.get(JOB_VARIABLE)
-    if job and not Path(job).is_file():
-        out.append(f"{JOB_VARIABLE}={job}: no such file (the job file: Miles flags, one per line)")
-    return out
+    return out + _job_missing(env, JOB_VARIABLE, "Miles flags, one per line")
 
 
 @dataclass
@@ -132,18 +164,13 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     the job file and `extra`, in that order (later flags win)."""
     import json
 
-    from pcc.bundle import is_bundle
-
     env = dict(os.environ)
-    job = job_file(source, env)
-    if not is_bundle(source):  # launch.sh would look beside the temporary bundle: name the file
-        env[JOB_VARIABLE] = str(job) if job else ""
+    job, job_args = _job(source, env, JOB_VARIABLE, words)
     launch = bundle / "miles" / "launch.sh"
     runtime_env = json.loads((bundle / "miles" / "runtime-env.json").read_text())["env_vars"]
     script, *own = [str(bundle / a) if (bundle / a).is_file() else a
                     for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
     model = words((bundle / MODEL_ARGS).read_text())
-    job_args = words(job.read_text()) if job and job.is_file() else []
     paths = {v: os.environ.get(v, f"<{v}>") for v in ("PCC_ROLLOUT_CHECKPOINT", "PCC_REF_LOAD")}
     tail = ["--hf-checkpoint", paths["PCC_ROLLOUT_CHECKPOINT"], "--ref-load", paths["PCC_REF_LOAD"]]
     if "PCC_TIS_FUNCTION" in launch.read_text():
@@ -158,17 +185,26 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
                 "job_args": job_args, "extra_args": extra, "overrides": changed}
     comments = ["# environment (sent to Ray as the job's runtime env)"]
     comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
-    comments.append(f"# job file: {shlex.quote(str(job)) if job else f'none (set {JOB_VARIABLE}, or write {JOB_FILE} beside the bundle)'}")
-    comments += [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
-                 f"{o['bundle'] or '(no value)'}" for o in changed]
+    comments += _job_comments(job, JOB_VARIABLE, changed)
     comments.append(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
     return Launch(command, launch, env, document, comments, lambda: missing(env))
 
 
+def hydra_keys(args: list[str]) -> dict[str, list[str]]:
+    """Hydra overrides -> {key: [value]}, the later winning, as `overrides` compares them: `+key` (add) and
+    `++key` (add or override) set `key`; `~key` deletes it (no value)."""
+    out: dict[str, list[str]] = {}
+    for o in args:
+        key, eq, value = o.partition("=")
+        out[key.lstrip("+~")] = [value] if eq and not key.startswith("~") else []
+    return out
+
+
 def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     """`python3 -m verl.trainer.main_ppo --config-name CONFIG` with the bundle's Hydra overrides
-    (verl/overrides.txt) and `extra` after them (the job's data, model path, batch sizes: later overrides
-    win), as verl/launch.sh runs it; the environment travels inside the overrides, to Ray's runtime_env."""
+    (verl/overrides.txt), the job file's and `extra` after them (the job's data, model path, batch sizes:
+    later overrides win), as verl/launch.sh runs it; the environment travels inside the overrides, to
+    Ray's runtime_env."""
     import json
 
     from pcc.lower.verl import LAUNCH, OVERRIDES_FILE, tables
@@ -179,28 +215,35 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     env_prefix = tab["env_key"] + "."
     runtime_env = {k: v.strip("'") for k, _, v in
                    (o[len(env_prefix):].partition("=") for o in own if o.startswith(env_prefix))}
-    command = ["python3", "-m", tab["entry"], "--config-name", config, *own, *extra]
     env = {k: v for k, v in os.environ.items() if k != "PCC_DRY_RUN"}  # launch.sh would print, not run
+    job, job_args = _job(source, env, VERL_JOB_VARIABLE, override_lines)
+    bundle_keys = hydra_keys(own)
+    changed = overrides(bundle_keys, job_args, "job", hydra_keys) + overrides(bundle_keys, extra, "command line",
+                                                                            hydra_keys)
+    command = ["python3", "-m", tab["entry"], "--config-name", config, *own, *job_args, *extra]
     document = {"command": command, "env": runtime_env, "cwd": None, "launch": str(bundle / LAUNCH),
-                "config_name": config, "extra_args": extra}
+                "config_name": config, "job": str(job) if job else None, "job_args": job_args,
+                "extra_args": extra, "overrides": changed}
     comments = ["# environment (inside the overrides: Ray's runtime_env for every worker)"]
     comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
-    comments.append(f"# verl {tab['version']}, as {LAUNCH} runs it; the job's own overrides follow the bundle's")
+    comments += _job_comments(job, VERL_JOB_VARIABLE, changed)
+    comments.append(f"# verl {tab['version']}, as {LAUNCH} runs it; the job's overrides follow the bundle's")
     return Launch(command, bundle / LAUNCH, env, document, comments, lambda: verl_missing(env))
 
 
 def verl_missing(env: dict[str, str]) -> list[str]:
     """What `python3 -m verl.trainer.main_ppo` cannot start without, each with how to get it."""
+    job = _job_missing(env, VERL_JOB_VARIABLE, "Hydra overrides, one per line")
     python = shutil.which("python3", path=env.get("PATH"))
     if python is None:
-        return ["python3 is not on PATH"]
+        return job + ["python3 is not on PATH"]
     probe = "import importlib.util as u; print(' '.join(m for m in ('verl', 'ray') if u.find_spec(m) is None))"
     try:
         gone = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=60).stdout.split()
     except (OSError, subprocess.SubprocessError) as exc:
         return [f"{python} could not be asked for verl and ray ({exc})"]
     how = {"verl": f"pip install verl=={VERL_VERSION}", "ray": "pip install 'ray[default]'"}
-    return [f"{m} is not importable by {python}: {how[m]}" for m in gone]
+    return job + [f"{m} is not importable by {python}: {how[m]}" for m in gone]
 
 
 LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch)}

@@ -29,6 +29,21 @@ PATH_VARIABLES = {
     "PCC_ADAPTER": "a LoRA adapter directory (PEFT layout), for adapter contracts",
 }
 
+# The job file beside a bundle (the job's own data, batch sizes, steps: never in the bundle), read by
+# the framework launches, Miles' and verl's: $<framework's variable> names it, else this file in the
+# directory holding the bundle.
+JOB_FILE = "job"
+
+
+def job_file_shell(variable: str) -> str:
+    """launch.sh lines that set $job as both framework launches resolve it: ${variable} when set (empty:
+    none; a file that does not exist stops the launch, exit 2), else JOB_FILE beside "$bundle"."""
+    return (f'job="${{{variable}-$(dirname "$bundle")/{JOB_FILE}}}"\n'
+            f'if [[ -n "${{{variable}:-}}" && ! -f "${variable}" ]]; then\n'
+            f'  echo "error: {variable}=${variable}: no such file" >&2\n'
+            "  exit 2\n"
+            "fi\n")
+
 
 @dataclass
 class Lowered:

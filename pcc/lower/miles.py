@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from pcc.lower import Lowered, Unsupported, lower, module_leaf, target, unsupported
+from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout
 from pcc.lower.engine_support import check, miles_hardware_modes, targeted
 from pcc.lower.miles_arch import architecture, tables
@@ -27,9 +27,8 @@ BUFFER_BYTES = 512 << 20  # Miles' default --update-weight-buffer-size
 TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk": "disk-delta"}
 MODEL_ARGS = "miles/model_args.txt"
 # The job file: Miles flags, one per line. PCC_MILES_JOB names it; unset, launch.sh reads
-# the file `job` in the directory that holds the bundle; set and empty, none.
+# the file `job` (JOB_FILE) in the directory that holds the bundle; set and empty, none.
 JOB_VARIABLE = "PCC_MILES_JOB"
-JOB_FILE = "job"
 
 
 def owned_sglang_fields() -> frozenset[str]:
@@ -285,12 +284,7 @@ bundle="$(dirname "$here")"
 }}
 _words "$here/model_args.txt"
 model=(${{_out[@]+"${{_out[@]}}"}})
-job="${{{JOB_VARIABLE}-$(dirname "$bundle")/{JOB_FILE}}}"
-if [[ -n "${{{JOB_VARIABLE}:-}}" && ! -f "${JOB_VARIABLE}" ]]; then
-  echo "error: {JOB_VARIABLE}=${JOB_VARIABLE}: no such file" >&2
-  exit 2
-fi
-_out=()
+{job_file_shell(JOB_VARIABLE)}_out=()
 if [[ -n "$job" && -f "$job" ]]; then _words "$job"; fi
 jobargs=(${{_out[@]+"${{_out[@]}}"}})
 cd "$MILES_DIR"

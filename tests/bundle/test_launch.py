@@ -183,3 +183,98 @@ def test_verl_launch_names_what_is_missing_and_refuses_other_bundles(tmp_path, c
     assert d["code"] == "PCC706" and "framework verl" in d["message"]
     assert main(["run", str(ROOT / "contracts/vllm/bf16_baseline.prec"), "--target", "verl", "--dry-run"]) == 1
     assert "does not run on verl" in capsys.readouterr().err
+
+
+VERL_JOB = ("# my GSM8K job\n"
+            "data.train_files=/data/my set.parquet\n"
+            "   actor_rollout_ref.model.path=/models/q3  \r\n"
+            "\n"
+            "  # a comment after blanks\n"
+            "actor_rollout_ref.rollout.quantization=null\n"
+            "++actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe='tensorwise'\n"
+            "trainer.total_epochs=1")  # no newline at the end
+
+
+def test_verl_job_file_goes_between_the_bundle_and_the_arguments(tmp_path, capsys, monkeypatch):
+    """The file `job` beside the bundle: one Hydra override a line (blanks trimmed, '#' lines skipped, spaces
+    inside a value kept), after the bundle's overrides and before the command line's; launch.sh reads it
+    the same way, and the dry run lists each key the job sets again over the bundle's value."""
+    import shlex
+
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/verl/unified_fp8.prec")).plan, bundle)
+    (tmp_path / "job").write_text(VERL_JOB)
+    monkeypatch.delenv("PCC_VERL_JOB", raising=False)
+    job_args = ["data.train_files=/data/my set.parquet", "actor_rollout_ref.model.path=/models/q3",
+                "actor_rollout_ref.rollout.quantization=null",
+                "++actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe='tensorwise'",
+                "trainer.total_epochs=1"]
+    extra = ["trainer.total_epochs=2"]
+    assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--json", "--", *extra]) == 0
+    out = json.loads(capsys.readouterr().out)["result"]
+    own = (bundle / "verl/overrides.txt").read_text().splitlines()
+    assert out["command"] == ["python3", "-m", "verl.trainer.main_ppo", "--config-name", "ppo_megatron_trainer",
+                              *own, *job_args, *extra]
+    assert out["job"] == str(tmp_path / "job") and out["job_args"] == job_args and out["extra_args"] == extra
+    assert out["overrides"] == [
+        {"flag": "actor_rollout_ref.rollout.quantization", "bundle": "'fp8'", "now": "null", "from": "job"},
+        {"flag": "actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe", "bundle": "'blockwise'",
+         "now": "'tensorwise'", "from": "job"}]
+    env = {k: v for k, v in os.environ.items() if k != "PCC_VERL_JOB"}
+    printed = subprocess.run(["bash", str(bundle / "verl/launch.sh"), *extra], capture_output=True, text=True,
+                             env={**env, "PCC_DRY_RUN": "1"}, check=True).stdout
+    assert shlex.split(printed) == out["command"]
+    assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--", *extra]) == 0
+    text = capsys.readouterr().out
+    assert f"# job file: {tmp_path / 'job'}" in text
+    assert "# actor_rollout_ref.rollout.quantization: the job sets null over the bundle's 'fp8'" in text
+    read_bundle(bundle)  # nothing in the bundle changed
+
+
+def test_pcc_verl_job_names_the_file_empty_means_none_and_missing_stops(tmp_path, capsys, monkeypatch):
+    """$PCC_VERL_JOB as $PCC_MILES_JOB for Miles: a file in place of `job`; empty, no job file; a file
+    that does not exist stops launch.sh (exit 2) and is named by `pcc run`."""
+    import shlex
+
+    bundle = tmp_path / "b"
+    write_bundle(compile_file(str(ROOT / "contracts/verl/bf16_baseline.prec")).plan, bundle)
+    (tmp_path / "job").write_text("trainer.total_epochs=9\n")
+    (tmp_path / "other.job").write_text("trainer.total_epochs=3\n")
+    own = (bundle / "verl/overrides.txt").read_text().splitlines()
+    for value, tail in ((str(tmp_path / "other.job"), ["trainer.total_epochs=3"]), ("", [])):
+        monkeypatch.setenv("PCC_VERL_JOB", value)
+        monkeypatch.setenv("PCC_MILES_JOB", str(tmp_path / "job"))  # Miles' variable is not verl's
+        assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["result"]["command"][5:] == own + tail
+        printed = subprocess.run(["bash", str(bundle / "verl/launch.sh")], capture_output=True, text=True,
+                                 env={**os.environ, "PCC_DRY_RUN": "1"}, check=True).stdout
+        assert shlex.split(printed)[5:] == own + tail
+    gone = tmp_path / "no such.job"
+    monkeypatch.setenv("PCC_VERL_JOB", str(gone))
+    run = subprocess.run(["bash", str(bundle / "verl/launch.sh")], capture_output=True, text=True,
+                         env={**os.environ, "PCC_DRY_RUN": "1"})
+    assert run.returncode == 2 and f"PCC_VERL_JOB={gone}: no such file" in run.stderr
+    monkeypatch.setenv("PATH", f"{_fake_python(tmp_path)}:{os.environ['PATH']}")
+    assert main(["run", str(bundle), "--target", "verl", "--json"]) == 1
+    messages = [d["message"] for d in json.loads(capsys.readouterr().out)["diagnostics"]]
+    assert messages == [f"cannot launch on verl: PCC_VERL_JOB={gone}: no such file (the job file: Hydra "
+                        "overrides, one per line)"]
+
+
+def test_a_launched_verl_contract_takes_the_job_file_beside_it(tmp_path, capsys, monkeypatch):
+    """`pcc run C.prec --target verl` compiles C into a temporary bundle; launch.sh still reads the job
+    file beside C (named to it through $PCC_VERL_JOB), and the arguments come last."""
+    contract = tmp_path / "c.prec"
+    contract.write_text(f'contract c extends "{ROOT / "contracts/verl/bf16_baseline.prec"}" {{\n}}\n')
+    (tmp_path / "job").write_text("data.train_files=/d.parquet\n")
+    monkeypatch.delenv("PCC_VERL_JOB", raising=False)
+    monkeypatch.setenv("PATH", f"{_fake_python(tmp_path)}:{os.environ['PATH']}")
+    argv = []
+
+    def call(cmd, env=None):
+        argv.extend(json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout))
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", call)
+    assert main(["run", str(contract), "--target", "verl", "--", "trainer.total_epochs=1"]) == 0
+    assert argv[-2:] == ["data.train_files=/d.parquet", "trainer.total_epochs=1"]
