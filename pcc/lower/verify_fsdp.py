@@ -1,8 +1,9 @@
 """Check the fsdp target's trainer/fsdp.json with the libraries' own classes: torch's
 MixedPrecisionPolicy, torchao's Float8LinearConfig (against from_recipe_name where it names a
 recipe), MXFP8TrainingOpConfig, Float8BlockwiseLinearConfig and QATConfig, and PEFT's LoraConfig;
-then apply each to a meta-device model holding exactly the modules the file names, with the
-module filters it describes, and read back which module (or weight) class each one became.
+then apply them to a meta-device model holding exactly the modules the file names, with
+pcc.lower.fsdp_apply.apply (the function a trainer calls), and read back which module (or weight)
+class each one became.
 
 torchao and PEFT live in a side folder (requirements/fsdp.txt, --no-deps), never in pcc's
 site-packages, so they cannot replace pcc's torch. The checks run in a child process that appends
@@ -89,62 +90,15 @@ def _child(request: dict) -> dict:
     sys.path.append(request["dir"])
     import torch
     from torch import nn
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     import peft
     import torchao
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    from torchao.float8.config import CastConfig, Float8GemmConfig, ScalingGranularity, ScalingType
-    from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinearConfig
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.quantization import quantize_
-    from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
-    from torchao.quantization.quantize_.common import KernelPreference
+    from torchao.float8 import Float8LinearConfig
+
+    from pcc.lower.fsdp_apply import ModelMismatch, apply
 
     doc, shapes = request["doc"], request["shapes"]
-    dtype = {"int4": torch.int4}
-
-    def float8(cfg: dict):
-        casts = {k: CastConfig(scaling_type=ScalingType(v["scaling_type"]),
-                               scaling_granularity=ScalingGranularity(v["scaling_granularity"]),
-                               target_dtype=getattr(torch, v["target_dtype"])) for k, v in cfg["casts"].items()}
-        gemms = {k: Float8GemmConfig(**cfg[k]) for k in ("gemm_config_output", "gemm_config_grad_input",
-                                                          "gemm_config_grad_weight")}
-        built = Float8LinearConfig(**casts, **gemms, emulate=cfg["emulate"],
-                                   round_scales_to_power_of_2=cfg["round_scales_to_power_of_2"],
-                                   enable_fsdp_float8_all_gather=cfg["enable_fsdp_float8_all_gather"])
-        if cfg["recipe"]:
-            ref = Float8LinearConfig.from_recipe_name(cfg["recipe"])
-            for k in casts:
-                if getattr(built, k) != getattr(ref, k):
-                    raise VerifyError(f"{k} is {getattr(built, k)}, recipe {cfg['recipe']} has {getattr(ref, k)}")
-            if built.round_scales_to_power_of_2 != ref.round_scales_to_power_of_2:
-                raise VerifyError(f"round_scales_to_power_of_2 differs from recipe {cfg['recipe']}")
-        return built
-
-    def build(kind: str, cfg: dict):
-        if kind == "float8":
-            return float8(cfg)
-        if kind == "mxfp8":
-            return MXFP8TrainingOpConfig(kernel_preference=KernelPreference(cfg["kernel_preference"]),
-                                         out_dtype=getattr(torch, cfg["out_dtype"]), wgrad_with_hp=cfg["wgrad_with_hp"],
-                                         scale_calculation_mode=ScaleCalculationMode(cfg["scale_calculation_mode"]),
-                                         pad_token_groups_for_grouped_mm=cfg["pad_token_groups_for_grouped_mm"])
-        if kind == "blockwise":
-            return Float8BlockwiseLinearConfig(**cfg)
-        return QATConfig(weight_config=IntxFakeQuantizeConfig(dtype[cfg["dtype"]], group_size=cfg["group_size"],
-                                                              is_symmetric=cfg["is_symmetric"]), step="prepare")
-
     try:
-        mp = MixedPrecisionPolicy(param_dtype=getattr(torch, doc["mp_policy"]["param_dtype"]),
-                                  reduce_dtype=getattr(torch, doc["mp_policy"]["reduce_dtype"]))
-        if not isinstance(getattr(torch, doc["sharded_param_dtype"]), torch.dtype):
-            raise VerifyError(f"sharded_param_dtype {doc['sharded_param_dtype']} is no torch dtype")
-        optimizer = getattr(torch.optim, doc["optimizer"].removeprefix("torch.optim."))
-        if not issubclass(optimizer, torch.optim.Optimizer):
-            raise VerifyError(f"{doc['optimizer']} is no torch optimizer")
-        configs = [repr(mp)] + ([repr(CPUOffloadPolicy())] if doc["cpu_offload"] else [])
         model = nn.Module()
         for name, (n, k) in shapes.items():
             parent = model
@@ -153,23 +107,26 @@ def _child(request: dict) -> dict:
                 if not hasattr(parent, part):
                     parent.add_module(part, nn.Module())
                 parent = getattr(parent, part)
-            parent.add_module(leaf, nn.Linear(k, n, bias=False, device="meta", dtype=torch.bfloat16))
-        unchecked: dict[str, str] = {}
-        for g in doc["low_precision"]:
-            cfg, names = build(g["kind"], g["config"]), set(g["modules"])
-            configs.append(repr(cfg))
-            sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-            if g["kind"] == "blockwise" and not sm90:
-                unchecked["blockwise"] = "Float8BlockwiseLinear is built on an SM90+ GPU only (the config is checked)"
-            elif g["kind"] == "float8":
-                convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in names, config=cfg)
-            else:
-                quantize_(model, cfg, filter_fn=lambda m, fqn: fqn in names and isinstance(m, nn.Linear))
+            parent.add_module(leaf, nn.Linear(k, n, bias=False, device="meta",
+                                              dtype=getattr(torch, doc["sharded_param_dtype"])))
+        sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+        unchecked = {} if sm90 or not any(g["kind"] == "blockwise" for g in doc["low_precision"]) else {
+            "blockwise": "Float8BlockwiseLinear is built on an SM90+ GPU only (the config is checked)"}
+        run = apply(model, doc, skip=frozenset(unchecked))
+        if not issubclass(run.optimizer, torch.optim.Optimizer):
+            raise VerifyError(f"{doc['optimizer']} is no torch optimizer")
+        for g, built in zip(doc["low_precision"], run.configs):
+            if g["kind"] != "float8" or not g["config"]["recipe"]:
+                continue
+            recipe = g["config"]["recipe"]
+            ref = Float8LinearConfig.from_recipe_name(recipe)
+            for k in g["config"]["casts"]:
+                if getattr(built, k) != getattr(ref, k):
+                    raise VerifyError(f"{k} is {getattr(built, k)}, recipe {recipe} has {getattr(ref, k)}")
+            if built.round_scales_to_power_of_2 != ref.round_scales_to_power_of_2:
+                raise VerifyError(f"round_scales_to_power_of_2 differs from recipe {recipe}")
+        configs = [repr(v) for v in run.shard.values()] + [repr(c) for c in run.configs]
         lora = doc["lora"]
-        if lora:
-            lc = peft.LoraConfig(**lora)
-            configs.append(repr(lc))
-            peft.inject_adapter_in_model(lc, model, low_cpu_mem_usage=True)
         modules = dict(model.named_modules())
         classes: dict[str, dict[str, int]] = {}
         kinds = [("wide", doc["keep_wide"])] + [(g["kind"], g["modules"]) for g in doc["low_precision"]]
@@ -186,7 +143,7 @@ def _child(request: dict) -> dict:
         for name in adapted:
             key = f"{type(modules[name]).__module__}.{type(modules[name]).__name__}"
             lora_classes[key] = lora_classes.get(key, 0) + 1
-    except (VerifyError, AssertionError, ValueError, TypeError, KeyError, AttributeError) as exc:
+    except (VerifyError, ModelMismatch, AssertionError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"versions": {"torch": torch.__version__.split("+")[0], "torchao": torchao.__version__,
                          "peft": peft.__version__},

@@ -260,13 +260,14 @@ def test_torchao_rejects_what_pcc_refuses(tmp_path):
     """PCC640's 'one dtype in both GEMMs': the same casts, written by hand, fail Float8LinearConfig."""
     from pcc.lower import verify_fsdp
 
-    doc = _doc(_text(tmp_path, "    gemm linear : fp8_tensor real"))
+    plan = _text(tmp_path, "    gemm linear : fp8_tensor real")
+    doc, ops = _doc(plan), plan.catalog.operators
     casts = doc["low_precision"][0]["config"]["casts"]
     casts["cast_config_weight_for_grad_input"]["target_dtype"] = "float8_e5m2"
     casts["cast_config_grad_output"]["target_dtype"] = "float8_e5m2"
     try:
         with pytest.raises(verify_fsdp.VerifyError, match="weight must be cast to the same dtype"):
-            verify_fsdp.verify_fsdp_config(doc, {"model.layers.0.self_attn.q_proj": [4096, 4096]})
+            verify_fsdp.verify_fsdp_config(doc, {module_name(ops[i].tensor): ops[i].shape for i in gemm_modules(plan)})
     except verify_fsdp.EngineMissing as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(str(exc))
