@@ -91,6 +91,8 @@ MEMORY = {
     "fp8_tensor -> nvfp4": ("fp8_tensor", "nvfp4", "B200"),
     "nvfp4 -> fp8_block": ("nvfp4", "fp8_block", "B200"),
     "int4_g128 -> fp8_block": ("int4_g128", "fp8_block", "H100"),
+    "fp8_block -> fp8_block": ("fp8_block", "fp8_block", "H100"),  # copied bit for bit
+    "nvfp4 -> nvfp4": ("nvfp4", "nvfp4", "B200"),  # copied bit for bit
     "MoE bf16 -> mxfp4 experts": ("moe", "mxfp4", "GB300"),
 }
 _HARDWARE = {"fp8_block": "H100", "fp8_tensor": "H100", "int4_g128": "H100", "nvfp4": "B200"}

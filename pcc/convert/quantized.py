@@ -20,7 +20,7 @@ from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
 
 __all__ = ["Encoded", "Encoding", "View", "copied", "copied_tensors", "copies", "finite", "read", "read_rows", "read_small_int",
-           "recognize", "rollout_of", "row_unit"]
+           "recognize", "rollout_of", "row_unit", "streams_codes", "check_codes"]
 
 
 def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:
@@ -265,28 +265,32 @@ def copied(src, plan, i: int) -> bool:
 
 def copied_tensors(enc: Encoding, parts: dict, targets: dict) -> dict:
     """The rollout tensors (target name -> tensor) of a copied encoding, in the targets' order; a scale
-    stored narrower than the target's float32 (compressed-tensors' BF16) is widened, exactly."""
+    stored narrower than the target's float32 (compressed-tensors' BF16) is widened, exactly. Without a
+    "weight" part (its codes streamed as stored, `streams_codes`), all the others."""
     import torch
 
     from pcc.convert.shards import ST_DTYPES
 
     names = list(targets)
+    codes = parts.get("weight")
     if enc.kind == "fp8_block" or enc.kind == "fp8_tensor":
-        vals = [parts["weight"], parts["scale"]]
+        vals = [codes, parts["scale"]]
     elif enc.kind == "nvfp4":
         one = torch.ones((), dtype=torch.float32)  # the placeholder; the carried or calibrated scale replaces it
-        vals = [parts["weight"], parts["scale"], parts["scale_2"], parts.get("input_scale", one)]
+        vals = [codes, parts["scale"], parts["scale_2"], parts.get("input_scale", one)]
     elif enc.kind == "mxfp4":
         n, k = enc.shape
         vals = [parts["weight"].reshape(n, k // 32, 16), parts["scale"].view(torch.uint8).reshape(n, k // 32)]
     else:
-        vals = [parts["weight"], parts["scale"], torch.tensor(list(enc.shape), dtype=torch.int64)]
+        vals = [codes, parts["scale"], torch.tensor(list(enc.shape), dtype=torch.int64)]
         if "zero_point" in parts:
             vals.append(parts["zero_point"])
     if len(vals) != len(names):
         raise ConvertError(f"{enc.name}: the source's {enc.kind} tensors do not match the rollout layout {names}")
     out = {}
     for name, v in zip(names, vals):
+        if v is None:  # the codes, streamed
+            continue
         want = targets[name]
         if enc.kind == "mxfp4":  # fused targets: this expert's rows, placed by the caller
             n, k = enc.shape
@@ -306,6 +310,18 @@ def copied_tensors(enc: Encoding, parts: dict, targets: dict) -> dict:
     return out
 
 
+def streams_codes(src, enc: Encoding, targets: dict) -> bool:
+    """Can a copied encoding's codes be written as stored, a piece at a time? Its "weight" part must be
+    the first target's dtype and size (else the whole path reports why); MXFP4's are an expert's rows
+    of a fused tensor, placed whole."""
+    from pcc.convert.shards import ST_DTYPES
+
+    name, want = next(iter(targets.items()))
+    entry = src.entries[enc.part("weight")]
+    return (enc.kind != "mxfp4" and entry["dtype"] == ST_DTYPES[want["dtype"]]
+            and math.prod(entry["shape"]) == math.prod(want["shape"]))
+
+
 def _check_copied(enc: Encoding, out: dict) -> None:
     """Copied scales finite (and E8M0 byte 255, NaN, absent), FP8 codes not NaN: as the quantizer guarantees."""
     import torch
@@ -313,10 +329,17 @@ def _check_copied(enc: Encoding, out: dict) -> None:
     for name, t in out.items():
         if t.dtype != torch.float8_e4m3fn and not finite(t):
             raise ConvertError(f"{enc.name}: source scale {name} holds NaN or inf")
-        if t.dtype == torch.float8_e4m3fn and _has_e4m3_nan(t):
-            raise ConvertError(f"{enc.name}: {name} holds NaN codes")
+        check_codes(enc, name, t)
     if enc.kind == "mxfp4" and bool((list(out.values())[1] == 255).any()):
         raise ConvertError(f"{enc.name}: E8M0 scale byte 255 (NaN)")
+
+
+def check_codes(enc: Encoding, name: str, t) -> None:
+    """FP8 codes (all of them, or a piece) hold no NaN byte, as the quantizer guarantees."""
+    import torch
+
+    if t.dtype == torch.float8_e4m3fn and _has_e4m3_nan(t):
+        raise ConvertError(f"{enc.name}: {name} holds NaN codes")
 
 
 def _has_e4m3_nan(t) -> bool:

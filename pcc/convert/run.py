@@ -2,8 +2,10 @@
 
 Three threads overlap the work: a reader loads the next source tensors, the caller's thread
 quantizes (torch releases the GIL), a writer appends bytes to the current shard. Queues hold
-a few tensors, so memory stays a small multiple of the largest tensor (or, for the fused MXFP4
-layout, of one layer's fused experts). The output is built in a hidden sibling directory and
+a few tensors or pieces: a tensor larger than PIECE_BYTES moves in pieces of about that size
+(written as stored, quantized in row pieces after an amax pass where its scale needs one, a
+quantized source's rows, a fused MXFP4 tensor an expert at a time), so memory does not grow with
+the largest tensor (docs/convert.md, "Streaming"). The output is built in a hidden sibling directory and
 renamed into place only when complete and checked.
 """
 
@@ -102,7 +104,8 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     """Work items in plan order, and every target (name, dtype, shape) in write order.
     A fused target is written once its last part has been computed. A source `input_scale` the plan
     also lists as an operator's target is written there (carried over), not copied a second time.
-    `copy`: written as stored, in pieces; `rows`: quantized in row pieces of a multiple of this many
+    `copy`: written as stored, in pieces; `copy_codes`: a quantized source's copied encoding whose
+    codes are written as stored, in pieces, then its scales; `rows`: quantized in row pieces of a multiple of this many
     rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows; a
     quantized source's requantized or widened weight whose float32 values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
@@ -110,7 +113,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     A run of fused (MXFP4 expert) entries is taken target by target, experts in order (every gate and
     up, then every down), so each fused target's first tensor streams an expert at a time
     (`_compute`); the write order of the targets is the plan's either way."""
-    from pcc.convert.quantized import copied, row_unit
+    from pcc.convert.quantized import copied, row_unit, streams_codes
     from pcc.layout.tensors import piece_rows
 
     items, order, seen = [], [], {}
@@ -136,6 +139,8 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
         enc = src.view.encodings.get(e["source"])
         requantized = enc is not None and not copied(src, plan, plan.index[e["source"]])
         item["copied"] = enc is not None and not requantized
+        item["copy_codes"] = (item["copied"] and src.nbytes(e["source"]) > PIECE_BYTES
+                              and streams_codes(src, enc, e["targets"]))
         if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
             item["rows"] = math.lcm(1 if layout == "wide" else piece_rows(plan, plan.index[e["source"]]), row_unit(enc))
         item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout in _GLOBAL_SCALE
@@ -147,7 +152,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
             continue
         entry = src.entries[name]
         items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True,
-                      "rows": None, "members": None, "copied": False})
+                      "rows": None, "members": None, "copied": False, "copy_codes": False})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
 
@@ -188,7 +193,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
               input_scales: dict) -> None:
     import torch
 
-    from pcc.convert.quantized import read_rows
+    from pcc.convert.quantized import Encoded, check_codes, copied_tensors, read_rows
     from pcc.layout.tensors import place_fused
     from pcc.lower.converter import tensor_targets
 
@@ -227,6 +232,20 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                         put(loaded, (it, (first, src.load_piece(name, first, n, into=buf), first + n >= count), buf))
                     continue
                 enc = src.view.encodings.get(name)
+                if it["copy_codes"]:  # a copied encoding: its codes as stored, in pieces, then the rest whole
+                    codes = enc.part("weight")
+                    size = ST_BYTES[src.entries[codes]["dtype"]]
+                    count, step = math.prod(src.entries[codes]["shape"]), max(1, PIECE_BYTES // size)
+                    for first in range(0, count, step):
+                        n = min(step, count - first)
+                        buf = buffers.take(n * size)
+                        if stop.is_set():
+                            return
+                        piece = src.load_piece(codes, first, n, into=buf)
+                        put(loaded, (it, ("codes", piece, first + n >= count), buf))
+                    rest = Encoded(enc, {role: src.load(t) for role, t in enc.parts if role != "weight"})
+                    put(loaded, (it, ("rest", rest, True), None))
+                    continue
                 if it["rows"] and enc is not None:  # a quantized source's rows: about PIECE_BYTES as float32
                     nrows, k = enc.shape
                     step = max(1, PIECE_BYTES // (4 * k) // it["rows"]) * it["rows"]
@@ -306,6 +325,22 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     put(out, (name, piece, piece.numel() * piece.element_size(), buf, final))
                 else:
                     buffers.give(buf)
+                continue
+            if it["copy_codes"]:  # a copied encoding: a piece of its codes, or at the end its other tensors
+                part, value, final = tensor
+                enc = src.view.encodings[it["source"]]
+                targets = tensor_targets(plan, plan.index[it["source"]])["targets"]
+                if part == "codes":
+                    first = next(iter(targets))
+                    check_codes(enc, first, value)
+                    if writer.wanted(first):
+                        put(out, (first, value, _nbytes(value), buf, final))
+                    else:
+                        buffers.give(buf)
+                    continue
+                for n, t in copied_tensors(enc, value.parts, targets).items():
+                    if writer.wanted(n):
+                        put(out, (n, input_scales.get(n, t), _nbytes(t), None, True))
                 continue
             if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
                 r0, rows, final = tensor

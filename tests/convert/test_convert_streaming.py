@@ -154,3 +154,31 @@ def test_mxfp4_fused_experts_stream_an_expert_at_a_time(tmp_path, monkeypatch):
     for n in blocks + [n for n in writes if n.endswith("_scales")]:
         assert out[n][2] == live[n].contiguous().view(-1).view(torch.uint8).numpy().tobytes(), n
     assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
+
+
+@pytest.mark.parametrize("kind", ["fp8_block", "nvfp4", "int4a", "fp8_tensor"])
+def test_copied_encodings_stream_their_codes(kind, tmp_path, monkeypatch):
+    """A quantized source converted into its own scheme: its codes are written as stored in 4 KiB pieces,
+    then its scales; every tensor is the source's, bit for bit."""
+    import pcc.convert.shards as shards
+
+    _, widen, hw, schemes, _ = SOURCES[kind]
+    src = _source(tmp_path, kind, kind, widen, hw, schemes)
+    scheme = {"int4a": "int4a"}.get(kind, kind)
+    contract = _contract(tmp_path, f"same-{kind}", _rule(scheme), hw=hw, schemes=schemes)
+    writes = {}
+    real = shards.ShardWriter.write
+
+    def spy(self, name, data, last=True):
+        writes.setdefault(name, []).append(last)
+        return real(self, name, data, last)
+
+    monkeypatch.setattr(run, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(shards.ShardWriter, "write", spy)
+    _convert(contract, src, tmp_path / "out")
+    monkeypatch.undo()
+    codes = [n for n, w in writes.items() if len(w) > 1 and n.endswith((".weight", ".weight_packed"))]
+    assert len(codes) > 20 and all(writes[n][-1] and not any(writes[n][:-1]) for n in codes)
+    source, out = _tensors(src), _tensors(tmp_path / "out")
+    assert set(out) == set(source) and all(out[n] == source[n] for n in source if "input_scale" not in n)
+    assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
