@@ -108,7 +108,8 @@ def _job_comments(job: Path | None, variable: str, changed: list[dict]) -> list[
     """The dry run's lines on the job file and on every value the job or the command line sets again."""
     out = [f"# job file: {shlex.quote(str(job)) if job else f'none (set {variable}, or write {JOB_FILE} beside the bundle)'}"]
     return out + [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
-                  f"{o['bundle'] or '(no value)'}" for o in changed]
+                  f"{o['bundle'] or '(no value)'}" + (f" (the contract's {o['field']})" if o.get("field") else "")
+                  for o in changed]
 
 
 def _flags(args: list[str]) -> dict[str, list[str]]:
@@ -207,7 +208,7 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     Ray's runtime_env."""
     import json
 
-    from pcc.lower.verl import LAUNCH, OVERRIDES_FILE, tables
+    from pcc.lower.verl import LAUNCH, OVERRIDES_FILE, contract_field, tables
 
     tab = tables()
     config = tab["config_name"][json.loads((bundle / "plan.json").read_text())["trainer"]["engine"]]
@@ -220,6 +221,8 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     bundle_keys = hydra_keys(own)
     changed = overrides(bundle_keys, job_args, "job", hydra_keys) + overrides(bundle_keys, extra, "command line",
                                                                             hydra_keys)
+    for o in changed:  # every key the bundle sets is the contract's: name the field it leaves behind
+        o["field"] = contract_field(o["flag"])
     command = ["python3", "-m", tab["entry"], "--config-name", config, *own, *job_args, *extra]
     document = {"command": command, "env": runtime_env, "cwd": None, "launch": str(bundle / LAUNCH),
                 "config_name": config, "job": str(job) if job else None, "job_args": job_args,

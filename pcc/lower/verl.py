@@ -28,6 +28,32 @@ ROLLOUT = "actor_rollout_ref.rollout"
 # The job file: the job's own Hydra overrides, one per line. PCC_VERL_JOB names it; unset, launch.sh
 # reads the file `job` in the directory that holds the bundle; set and empty, none (as Miles' launch).
 JOB_VARIABLE = "PCC_VERL_JOB"
+# Override key (less Hydra's +) -> the contract field that decides it (a Contract model path; docs/verl.md's
+# table), so a job that sets the key again is told what it leaves behind. The first matching prefix wins.
+CONTRACT_FIELDS = (
+    (f"{ACTOR}.megatron.override_transformer_config.fp", "trainer.rules"),
+    (f"{ACTOR}.megatron.override_transformer_config.", "trainer"),
+    (f"{ACTOR}.megatron.router_replay.", "routing_replay"),
+    (f"{ACTOR}.megatron.use_distributed_optimizer", "trainer.optimizer"),
+    (f"{ACTOR}.megatron.", "trainer.parallel"),
+    ("ray_kwargs.ray_init.runtime_env.env_vars.", "trainer"),
+    (f"{ROLLOUT}.engine_kwargs.", "rollout.rules"),
+    (f"{ROLLOUT}.quantization", "rollout.rules"),
+    (f"{ROLLOUT}.enable_rollout_routing_replay", "routing_replay"),
+    (f"{ROLLOUT}.calculate_log_probs", "rollout.record"),
+    (f"{ROLLOUT}.full_determinism", "rollout.deterministic"),
+    (f"{ROLLOUT}.response_length", "rollout.max_tokens"),
+    (f"{ROLLOUT}.name", "rollout.engine"),
+    (f"{ROLLOUT}.", "rollout.parallel"),
+    ("algorithm.rollout_correction.", "correction"),
+    ("actor_rollout_ref.model.", "trainable"),
+)
+
+
+def contract_field(key: str) -> str | None:
+    """The contract field behind an override key pcc writes (None: a key pcc does not write)."""
+    key = key.lstrip("+")
+    return next((field for prefix, field in CONTRACT_FIELDS if key.startswith(prefix)), None)
 
 
 @functools.lru_cache(maxsize=1)

@@ -217,9 +217,10 @@ def test_verl_job_file_goes_between_the_bundle_and_the_arguments(tmp_path, capsy
                               *own, *job_args, *extra]
     assert out["job"] == str(tmp_path / "job") and out["job_args"] == job_args and out["extra_args"] == extra
     assert out["overrides"] == [
-        {"flag": "actor_rollout_ref.rollout.quantization", "bundle": "'fp8'", "now": "null", "from": "job"},
+        {"flag": "actor_rollout_ref.rollout.quantization", "bundle": "'fp8'", "now": "null", "from": "job",
+         "field": "rollout.rules"},
         {"flag": "actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe", "bundle": "'blockwise'",
-         "now": "'tensorwise'", "from": "job"}]
+         "now": "'tensorwise'", "from": "job", "field": "trainer.rules"}]
     env = {k: v for k, v in os.environ.items() if k != "PCC_VERL_JOB"}
     printed = subprocess.run(["bash", str(bundle / "verl/launch.sh"), *extra], capture_output=True, text=True,
                              env={**env, "PCC_DRY_RUN": "1"}, check=True).stdout
@@ -227,7 +228,8 @@ def test_verl_job_file_goes_between_the_bundle_and_the_arguments(tmp_path, capsy
     assert main(["run", str(bundle), "--target", "verl", "--dry-run", "--", *extra]) == 0
     text = capsys.readouterr().out
     assert f"# job file: {tmp_path / 'job'}" in text
-    assert "# actor_rollout_ref.rollout.quantization: the job sets null over the bundle's 'fp8'" in text
+    assert ("# actor_rollout_ref.rollout.quantization: the job sets null over the bundle's 'fp8' (the contract's "
+            "rollout.rules)") in text
     read_bundle(bundle)  # nothing in the bundle changed
 
 
@@ -278,3 +280,43 @@ def test_a_launched_verl_contract_takes_the_job_file_beside_it(tmp_path, capsys,
     monkeypatch.setattr(subprocess, "call", call)
     assert main(["run", str(contract), "--target", "verl", "--", "trainer.total_epochs=1"]) == 0
     assert argv[-2:] == ["data.train_files=/d.parquet", "trainer.total_epochs=1"]
+
+
+def test_every_override_key_verl_writes_names_its_contract_field(tmp_path):
+    """The dry run names the contract field behind each key a job sets again: every key the verl target
+    writes (shipped verl contracts and variants with LoRA on either trainer, corrections, KV cache and
+    determinism) maps to a field the Contract model has."""
+    from pcc.contract.model import Contract
+    from pcc.lower import lower
+    from pcc.lower.verl import contract_field
+
+    def text(body, trainer="megatron", extra=""):
+        return (f"contract c {{\n  model qwen3_30b_a3b\n  hardware H100\n  rollout vllm {{\n{body}\n  }}\n"
+                f"  trainer {trainer} {{\n    gemm : bf16\n  }}\n{extra}}}\n")
+
+    variants = [text("    parallel tp 4 ep 4", extra="  correction mis clip 2 low 0.5\n"),
+                text("    parallel tp 4 ep 4", extra="  trainable lora rank 16 alpha 32 targets attn.q, attn.kv, "
+                                                   "attn.o\n  sync adapter\n"),
+                text("    parallel tp 2", trainer="fsdp", extra="  trainable lora rank 8 alpha 16 targets attn.q\n"
+                                                                "  sync adapter\n"),
+                text("    kv_cache : fp8_e4m3\n    deterministic\n    parallel tp 2 dp 2 ep 4")]
+    plans = [compile_file(str(p)).plan for p in sorted((ROOT / "contracts/verl").glob("*.prec"))]
+    for i, t in enumerate(variants):
+        (tmp_path / f"v{i}.prec").write_text(t)
+        plans.append(compile_file(str(tmp_path / f"v{i}.prec")).plan)
+    keys = {a.partition("=")[0] for p in plans for a in lower(p, "verl").args}
+    assert {"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype", "actor_rollout_ref.model.lora.rank",
+            "actor_rollout_ref.model.lora_rank", "algorithm.rollout_correction.rollout_is"} <= keys
+
+    def field_of(path: str):  # a dotted contract field -> the pydantic field it names, None if none
+        model = Contract
+        for part in path.split("."):
+            info = getattr(model, "model_fields", {}).get(part)
+            if info is None:
+                return None
+            model = next((a for a in (info.annotation, *getattr(info.annotation, "__args__", ()))
+                          if hasattr(a, "model_fields")), None)
+        return info
+
+    assert {k: contract_field(k) for k in keys if field_of(contract_field(k) or "") is None} == {}
+    assert contract_field("data.train_files") is None
