@@ -130,16 +130,22 @@ class VllmEngine(HttpClient):
         return self._reply("/v1/completions", parse)
 
     def generate(self, prompts: torch.Tensor, new_tokens: int, seed: int, between=None) -> Generated:
-        """One request per trajectory, each with its own seed (one seed over a batch samples the same
-        continuation for every copy of a prompt); an activation meanwhile lands between requests, since
-        /pause waits for the one in flight. vLLM's completions report no weight version per token."""
+        """The k-th copy of each prompt goes in request k with seed k: vLLM seeds every prompt of a request
+        alike, so copies in one request would sample one continuation. An activation meanwhile lands between
+        requests (/pause waits for the one in flight). vLLM's completions report no weight version per token."""
+        rows = prompts.tolist()
+        copy = [sum(r == rows[j] for j in range(i)) for i, r in enumerate(rows)]
         fields = {"max_tokens": new_tokens, **SAMPLE, "ignore_eos": True, "logprobs": 0, "return_token_ids": True,
                   "return_tokens_as_token_ids": True}
         worker = None
         if between is not None:  # an activation racing the batch, as a trainer's sync would
             worker = threading.Timer(0.01, between, args=(new_tokens // 2,))
             worker.start()
-        res = [self._complete([row], {**fields, "seed": seed * 100003 + i})[0] for i, row in enumerate(prompts.tolist())]
+        res: list[dict] = [{}] * len(rows)
+        for k in range(max(copy) + 1):
+            idx = [i for i, c in enumerate(copy) if c == k]
+            for i, choice in zip(idx, self._complete([rows[i] for i in idx], {**fields, "seed": seed * 1009 + k})):
+                res[i] = choice
         if worker is not None:
             worker.join()
 
