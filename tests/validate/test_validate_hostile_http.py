@@ -1,5 +1,5 @@
-"""HttpEngine against servers that misbehave (127.0.0.1 only): each a one-line EngineError naming the
-endpoint, in bounded time and memory, never a hang or a raw exception."""
+"""The SGLang and vLLM clients against servers that misbehave (127.0.0.1 only): each a one-line
+EngineError naming the endpoint, in bounded time and memory, never a hang or a raw exception."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import time
 import pytest
 
 from pcc.validate import http_client
-from pcc.validate.engine import EngineError
+from pcc.validate.engine import ActivationRefused, EngineError, NotServed, Version
 from pcc.validate.sglang_http import HttpEngine
+from pcc.validate.vllm_http import VllmEngine
+
+# each client, and the endpoint its active() asks
+ENGINES = pytest.mark.parametrize("cls, info", [(HttpEngine, "/get_model_info"), (VllmEngine, "/weight_info")])
 
 
 class Server:
-    """One socket server: `reply(conn)` answers each connection however the test wants."""
+    """One socket server: `reply(conn, stop, request bytes)` answers each connection however the test wants."""
 
     def __init__(self, reply):
         self.sock = socket.socket()
@@ -36,8 +40,7 @@ class Server:
 
     def _one(self, conn):
         try:
-            conn.recv(65536)
-            self.reply(conn, self.stop)
+            self.reply(conn, self.stop, conn.recv(65536))
         except OSError:
             pass
         finally:
@@ -56,12 +59,13 @@ def _http(status: str, body: bytes) -> bytes:
             "Connection: close\r\n\r\n").encode() + body
 
 
-def _engine(url, tmp_path, timeout=2.0):
-    return HttpEngine(url, tmp_path, plan=None, arch=None, timeout=timeout)
+def _engine(url, tmp_path, timeout=2.0, cls=HttpEngine):
+    return cls(url, tmp_path, plan=None, arch=None, timeout=timeout)
 
 
-def test_a_server_that_sends_a_byte_a_second_is_cut_off(tmp_path):
-    def drip(conn, stop):
+@ENGINES
+def test_a_server_that_sends_a_byte_a_second_is_cut_off(tmp_path, cls, info):
+    def drip(conn, stop, req):
         for b in _http("200 OK", b'{"weight_version": "1"}' * 50):
             if stop.is_set():
                 return
@@ -70,34 +74,37 @@ def test_a_server_that_sends_a_byte_a_second_is_cut_off(tmp_path):
 
     with Server(drip) as s:
         t0 = time.monotonic()
-        with pytest.raises(EngineError, match=rf"{s.url}/get_model_info: .*(deadline|within 2 s)"):
-            _engine(s.url, tmp_path).active()
+        with pytest.raises(EngineError, match=rf"{s.url}{info}: .*(deadline|within 2 s)"):
+            _engine(s.url, tmp_path, cls=cls).active()
         assert time.monotonic() - t0 < 5
 
 
-def test_a_server_that_never_answers_times_out(tmp_path):
-    with Server(lambda conn, stop: stop.wait(10)) as s:
+@ENGINES
+def test_a_server_that_never_answers_times_out(tmp_path, cls, info):
+    with Server(lambda conn, stop, req: stop.wait(10)) as s:
         t0 = time.monotonic()
-        with pytest.raises(EngineError, match="/get_model_info"):
-            _engine(s.url, tmp_path, timeout=1.0).active()
+        with pytest.raises(EngineError, match=info):
+            _engine(s.url, tmp_path, timeout=1.0, cls=cls).active()
         assert time.monotonic() - t0 < 4
 
 
-def test_bad_json_names_the_endpoint(tmp_path):
-    with Server(lambda conn, stop: conn.sendall(_http("200 OK", b"{not json"))) as s:
-        with pytest.raises(EngineError, match=r"/get_model_info: the reply is not JSON"):
-            _engine(s.url, tmp_path).active()
+@ENGINES
+def test_bad_json_names_the_endpoint(tmp_path, cls, info):
+    with Server(lambda conn, stop, req: conn.sendall(_http("200 OK", b"{not json"))) as s:
+        with pytest.raises(EngineError, match=rf"{info}: the reply is not JSON"):
+            _engine(s.url, tmp_path, cls=cls).active()
 
 
-def test_a_body_over_the_cap_is_refused(tmp_path, monkeypatch):
+@ENGINES
+def test_a_body_over_the_cap_is_refused(tmp_path, monkeypatch, cls, info):
     monkeypatch.setattr(http_client, "MAX_REPLY", 1 << 16)
-    with Server(lambda conn, stop: conn.sendall(_http("200 OK", b"[" + b"1," * 100000 + b"1]"))) as s:
+    with Server(lambda conn, stop, req: conn.sendall(_http("200 OK", b"[" + b"1," * 100000 + b"1]"))) as s:
         with pytest.raises(EngineError, match="larger than"):
-            _engine(s.url, tmp_path).active()
+            _engine(s.url, tmp_path, cls=cls).active()
 
 
 def test_http_500_is_a_refusal_with_the_status(tmp_path):
-    with Server(lambda conn, stop: conn.sendall(_http("500 Internal Server Error", b'{"message": "boom"}'))) as s:
+    with Server(lambda conn, stop, req: conn.sendall(_http("500 Internal Server Error", b'{"message": "boom"}'))) as s:
         e = _engine(s.url, tmp_path)
         assert e._post("/update_weights_from_disk", {}) == {"success": False, "message": "HTTP 500: boom",
                                                             "_status": 500}
@@ -114,22 +121,84 @@ def test_a_reply_of_the_wrong_shape(tmp_path, body, what):
     class Arch:
         is_moe = False
 
-    with Server(lambda conn, stop: conn.sendall(_http("200 OK", body))) as s:
+    with Server(lambda conn, stop, req: conn.sendall(_http("200 OK", body))) as s:
         e = _engine(s.url, tmp_path)
         e.arch = Arch()
         with pytest.raises(EngineError, match=what):
             e.generate(torch.zeros(1, 2, dtype=torch.long), 2, 0)
 
 
-def test_get_model_info_of_the_wrong_shape(tmp_path):
-    with Server(lambda conn, stop: conn.sendall(_http("200 OK", b'{"weight_version": "v1"}'))) as s:
-        with pytest.raises(EngineError, match="/get_model_info: the reply is not what SGLang sends"):
-            _engine(s.url, tmp_path).active()
+@ENGINES
+def test_the_weight_version_of_the_wrong_shape(tmp_path, cls, info):
+    with Server(lambda conn, stop, req: conn.sendall(_http("200 OK", b'{"weight_version": "v1"}'))) as s:
+        with pytest.raises(EngineError, match=f"{info}: the reply is not what {cls.server} sends"):
+            _engine(s.url, tmp_path, cls=cls).active()
 
 
-def test_nothing_listening(tmp_path):
+@pytest.mark.parametrize("body, what", [(b'{"choices": [{"index": 0}]}', "the reply is not what vLLM sends"),
+                                        (b'"text"', "the reply is not what vLLM sends"),
+                                        (b'{"choices": []}', r"expected one choice per prompt \(1\), got 0")])
+def test_a_vllm_completion_of_the_wrong_shape(tmp_path, body, what):
+    import torch
+
+    with Server(lambda conn, stop, req: conn.sendall(_http("200 OK", body))) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        e.base = "m"  # the served model, as /v1/models would name it
+        with pytest.raises(EngineError, match=f"/v1/completions: {what}"):
+            e.generate(torch.zeros(1, 2, dtype=torch.long), 2, 0)
+
+
+def test_a_vllm_error_response_is_named(tmp_path):
+    import torch
+
+    err = b'{"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}'
+    with Server(lambda conn, stop, req: conn.sendall(_http("500 Internal Server Error", err))) as s:
+        with pytest.raises(EngineError, match=r"/v1/models: HTTP 500: boom"):
+            _engine(s.url, tmp_path, cls=VllmEngine).generate(torch.zeros(1, 2, dtype=torch.long), 2, 0)
+
+
+def _routes(table: dict, seen: list):
+    """A reply per path (the first line of the request), each path recorded in `seen`."""
+    def reply(conn, stop, req):
+        path = req.split(b" ", 2)[1].decode().split("?")[0]
+        seen.append(path)
+        status, body = table[path]
+        conn.sendall(_http(status, body))
+
+    return reply
+
+
+def test_a_failed_vllm_reload_is_refused_and_the_server_resumed(tmp_path):
+    seen: list = []
+    table = {"/pause": ("200 OK", b'{"status": "paused"}'), "/resume": ("200 OK", b'{"status": "resumed"}'),
+             "/collective_rpc": ("500 Internal Server Error", b"Internal Server Error")}
+    with Server(_routes(table, seen)) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        e.installed[1] = (Version(1, "full_weights", {}), tmp_path)
+        with pytest.raises(ActivationRefused, match=r"reload_weights .*: HTTP 500: Internal Server Error"):
+            e.activate(1)
+    assert seen == ["/pause", "/collective_rpc", "/resume"]
+
+
+def test_a_refused_vllm_adapter_is_refused(tmp_path):
+    err = b'{"error": {"message": "Invalid LoRA adapter", "type": "BadRequestError", "param": null, "code": 400}}'
+    with Server(lambda conn, stop, req: conn.sendall(_http("400 Bad Request", err))) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        e.installed[1] = (Version(1, "adapter", {}), tmp_path)
+        with pytest.raises(ActivationRefused, match=r"load_lora_adapter pcc-v1-.*: HTTP 400: Invalid LoRA adapter"):
+            e.activate(1)
+        assert e.lora is None
+
+
+def test_vllm_cannot_read_a_tensor_back(tmp_path):
+    with pytest.raises(NotServed, match="vLLM 0.32 returns no parameter values over HTTP"):
+        _engine("http://127.0.0.1:9", tmp_path, cls=VllmEngine).read_tensor("model.layers.0.mlp.down_proj.weight")
+
+
+@ENGINES
+def test_nothing_listening(tmp_path, cls, info):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    with pytest.raises(EngineError, match=rf"127.0.0.1:{port}/get_model_info: .*refused"):
-        _engine(f"http://127.0.0.1:{port}", tmp_path).active()
+    with pytest.raises(EngineError, match=rf"127.0.0.1:{port}{info}: .*refused"):
+        _engine(f"http://127.0.0.1:{port}", tmp_path, cls=cls).active()
