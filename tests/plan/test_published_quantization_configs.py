@@ -2,7 +2,8 @@
 one, and read by the loaders' own code: transformers' quantization config classes and its module-exclusion
 rule `should_convert_module` (its FP8 and MXFP4 loaders apply it), and vLLM's (`get_quantization_config(method)
 .from_config`, the fields the parsed object holds, and its exclusion rule `is_layer_skipped`), run in a child
-process over vLLM's side folder as pcc.lower.verify_vllm does.
+process over vLLM's side folder as pcc.lower.verify_vllm does, and SGLang's `Fp8Config.from_config` and
+`is_layer_skipped`, compiled from the installed source (its modules import GPU libraries a CPU lacks).
 
 Published: deepseek-ai/DeepSeek-V3 `quantization_config` {activation_scheme dynamic, fmt e4m3, quant_method
 fp8, weight_block_size [128, 128]}; openai/gpt-oss-20b {modules_to_not_convert [model.layers.*.self_attn,
@@ -13,11 +14,13 @@ config omits the list (DeepSeek-V3) or writes globs (gpt-oss); the loaders decid
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,65 @@ def test_vllm_parses_the_published_and_pcc_configs_alike(tmp_path, gpt_oss_dir):
     assert {m.rsplit(".", 1)[-1] if m.startswith("model.layers.") else m for m in changed} == {
         "gate", "model.embed_tokens", "lm_head"}
     assert theirs_oss == ours_oss and theirs_oss["class"] == "GptOssMxfp4Config"
+
+
+def _sglang_fp8():
+    """(SGLang's Fp8Config, its is_layer_skipped), compiled from the installed files: QuantizationConfig's key
+    lookups (base_config.py), Fp8Config's __init__ and from_config (fp8.py), is_layer_skipped and its helpers
+    (utils.py); logging and the SGLANG_FP8_IGNORED_LAYERS environment variable stubbed empty."""
+    import importlib.util
+    from collections.abc import Mapping
+    from typing import Any, Dict, List, Optional
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        pytest.skip("SGLang is not installed")
+    root = Path(spec.origin).parent / "srt" / "layers" / "quantization"
+
+    def nodes(file: str, wanted: dict[str, tuple[str, ...] | None]) -> list:
+        tree = ast.parse((root / file).read_text(encoding="utf-8"))
+        out = []
+        for node in tree.body:
+            names = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names = [node.target.id]
+            name = getattr(node, "name", None) or (names[0] if names else None)
+            if name not in wanted:
+                continue
+            if isinstance(node, ast.ClassDef):
+                node.bases, node.keywords = [ast.Name("Base", ast.Load())] if name != "QuantizationConfig" else [], []
+                node.body = [n for n in node.body if getattr(n, "name", None) in wanted[name]]
+            out.append(node)
+        return out
+
+    ns = {"Any": Any, "Dict": Dict, "List": List, "Optional": Optional, "Mapping": Mapping,
+          "MappingProxyType": types.MappingProxyType, "log_info_on_rank0": lambda *a: None,
+          "logger": types.SimpleNamespace(warning=lambda *a: None, info=lambda *a: None),
+          "envs": types.SimpleNamespace(SGLANG_FP8_IGNORED_LAYERS=types.SimpleNamespace(get=lambda: ""))}
+    for file, wanted in (("base_config.py", {"QuantizationConfig": ("__init__", "get_from_keys", "get_from_keys_or")}),
+                         ("utils.py", {"_module_path_match": None, "_FALLBACK_FUSED_SHARDS": None,
+                                       "is_layer_skipped": None}),
+                         ("fp8.py", {"ACTIVATION_SCHEMES": None, "Fp8Config": ("__init__", "from_config")})):
+        if file == "fp8.py":
+            ns["Base"] = ns["QuantizationConfig"]
+        module = ast.fix_missing_locations(ast.Module(nodes(file, wanted), []))
+        exec(compile(module, str(root / file), "exec"), ns)
+    return ns["Fp8Config"], ns["is_layer_skipped"]
+
+
+def test_sglang_parses_the_published_and_pcc_block_fp8_configs_alike(tmp_path):
+    """SGLang's Fp8Config holds the same fields for DeepSeek-V3's published config and pcc's but the exclusion
+    list (it reads no `fmt` either), and its is_layer_skipped, asked about every linear and fused-experts module,
+    differs only where pcc lists what DeepSeek stores BF16 (the router, embeddings, lm_head: SGLang builds the
+    router as a plain MoEGate parameter and the embeddings as no LinearBase, so the list does not change them)."""
+    config_cls, skipped = _sglang_fp8()
+    plan = _plan(tmp_path, "deepseek_v3", "linear : fp8_block", "H100")
+    theirs, ours = config_cls.from_config(dict(DEEPSEEK_V3)), config_cls.from_config(quantization_config(plan))
+    fields = set(vars(theirs)) | set(vars(ours))
+    assert {f for f in fields if getattr(theirs, f, None) != getattr(ours, f, None)} == {"ignored_layers"}
+    assert (ours.is_checkpoint_fp8_serialized, ours.activation_scheme, ours.weight_block_size, ours.use_mxfp8) == (
+        True, "dynamic", [128, 128], False)
+    modules = _modules(plan)
+    changed = {m for m in modules if skipped(m, theirs.ignored_layers) != skipped(m, ours.ignored_layers)}
+    assert {m.rsplit(".", 1)[-1] if m.startswith("model.layers.") else m for m in changed} == {
+        "gate", "model.embed_tokens", "lm_head"}
