@@ -14,7 +14,8 @@ def register(sub) -> None:
     s.add_argument("contract", metavar="CONTRACT|BUNDLE")
     s.add_argument("--levels", default="1-8", help="levels to run, e.g. 1-8, 4, 2,4-6 (9 = performance profile)")
     s.add_argument("--engine", default="local", metavar="local|http://HOST:PORT",
-                   help="the rollout engine: the embedded runtime, or an SGLang server")
+                   help="the rollout engine: the embedded runtime, or a server speaking the contract's rollout "
+                        "engine's API (SGLang, or vLLM's OpenAI-compatible server for 'rollout vllm')")
     s.add_argument("-o", "--out", default="", metavar="DIR", help="run directory (default runs/validate-<contract>)")
     s.add_argument("--keep-going", action="store_true", help="run every level even after one fails")
     s.add_argument("--model", default="auto", help="re-resolve the contract on this catalog (e.g. tiny_moe), "
