@@ -354,9 +354,11 @@ def _repoint(imp: Imported, v: _View, start: int, where: dict[str, str]) -> None
         key = where.get(d.path) or (f"{ENV}.{d.path}" if d.path and f"{ENV}.{d.path}" in v.job.entries else None)
         if d.path == "env" and f"{ENV}.{BLOCK_FP32_ENV}" not in v.job.entries:
             key = None
-        if key is not None:
-            msg = d.message.replace(d.path, key) if d.path in where else d.message
-            imp.diagnostics[n] = dataclasses.replace(d, message=msg, path=key, span=v.span(key))
+        msg = d.message
+        for flag, k in where.items():  # the message names the verl key, not the Megatron flag
+            msg = re.sub(rf"{re.escape(flag)}(?![\w-])", k.removeprefix(TC + "."), msg)
+        imp.diagnostics[n] = dataclasses.replace(d, message=msg, path=key or d.path,
+                                                 span=v.span(key) if key else d.span)
 
 
 def _objective(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> None:
