@@ -19,8 +19,8 @@ from pcc.models.base import CatalogError
 from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
 
-__all__ = ["Encoded", "Encoding", "View", "copied", "copied_tensors", "copies", "finite", "read", "read_rows", "read_small_int",
-           "recognize", "rollout_of", "row_unit", "streams_codes", "check_codes"]
+__all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "copies", "finite", "read",
+           "read_rows", "read_small_int", "recognize", "rollout_of", "row_unit", "streams_codes"]
 
 
 def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:

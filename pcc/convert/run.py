@@ -5,8 +5,8 @@ quantizes (torch releases the GIL), a writer appends bytes to the current shard.
 a few tensors or pieces: a tensor larger than PIECE_BYTES moves in pieces of about that size
 (written as stored, quantized in row pieces after an amax pass where its scale needs one, a
 quantized source's rows, a fused MXFP4 tensor an expert at a time), so memory does not grow with
-the largest tensor (docs/convert.md, "Streaming"). The output is built in a hidden sibling directory and
-renamed into place only when complete and checked.
+the largest tensor (docs/convert.md, "Streaming"). The output is built in a hidden sibling directory
+and renamed into place only when complete and checked.
 """
 
 from __future__ import annotations
@@ -105,9 +105,10 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     A fused target is written once its last part has been computed. A source `input_scale` the plan
     also lists as an operator's target is written there (carried over), not copied a second time.
     `copy`: written as stored, in pieces; `copy_codes`: a quantized source's copied encoding whose
-    codes are written as stored, in pieces, then its scales; `rows`: quantized in row pieces of a multiple of this many
-    rows (a weight larger than PIECE_BYTES whose layout allows it, pcc.layout.tensors.piece_rows; a
-    quantized source's requantized or widened weight whose float32 values are);
+    codes are written as stored, in pieces, then its scales; `rows`: quantized in row pieces of a
+    multiple of this many rows (a weight larger than PIECE_BYTES whose layout allows it,
+    pcc.layout.tensors.piece_rows; a quantized source's requantized or widened weight whose float32
+    values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
     quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale).
     A run of fused (MXFP4 expert) entries is taken target by target, experts in order (every gate and
@@ -361,7 +362,8 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                             put(out, (n, t, 0, None, True))
                 continue
             nread = _src_bytes(src, it["source"])
-            pieces = [p for p in _compute(plan, src, it, tensor, fused, place_fused, input_scales) if writer.wanted(p[0])]
+            pieces = [p for p in _compute(plan, src, it, tensor, fused, place_fused, input_scales)
+                      if writer.wanted(p[0])]
             del tensor
             # the read buffer goes back once nothing still to be written is a view of it
             last = max((k for k, (_, t, _) in enumerate(pieces) if buf is not None and _shares(t, buf)), default=None)
