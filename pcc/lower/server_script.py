@@ -10,6 +10,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from pcc.lower import Unsupported
+
 
 @dataclass(frozen=True)
 class Server:
@@ -18,6 +20,22 @@ class Server:
     command: str  # everything before the engine's flags, the checkpoint included
     lora_flag: str  # how the server takes NAME=PATH of an adapter
     quant_files: tuple[str, ...]  # checkpoint files that may carry quant_method
+    max_tokens_field: str  # the request field that bounds a response
+
+
+def request_caveats(s: Server, plan) -> list[Unsupported]:
+    """PCC616 on rollout max_tokens when no framework launches the contract: Miles and verl set the
+    response length of the requests they send, and the server launch alone does not bound them."""
+    c = plan.contract
+    if c.runs_on is not None or not c.rollout.max_tokens:
+        return []
+    return [Unsupported(
+        f"no framework launches this contract ({c.trainer.engine} trainer, {s.engine} rollout): the response "
+        f"length is each request's {s.max_tokens_field}, which a framework's launch sets and the bundle's "
+        f"{s.script} does not, so max_tokens {c.rollout.max_tokens} reaches no engine", "PCC616",
+        "rollout.max_tokens",
+        f"send {s.max_tokens_field} {c.rollout.max_tokens} with each generate request, or run the contract under "
+        "a framework whose launch sets it ('framework verl', docs/verl.md)")]
 
 
 def server_script(s: Server, args: list[str], quant_method: str | None, adapter: str | None,

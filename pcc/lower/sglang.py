@@ -15,7 +15,7 @@ import yaml
 
 from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
-from pcc.lower.server_script import Server, server_script
+from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.lower.engine_support import check
 from pcc.plan import Plan
 from pcc.resources import data_dir
@@ -168,7 +168,7 @@ def lower_sglang(plan: Plan) -> Lowered:
     qcfg = quantization_config(plan)
     if qcfg is not None:
         files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
-    caveats = []
+    caveats = request_caveats(SERVER, plan)
     if "versions" not in c.rollout.record:
         caveats.append(Unsupported(
             "SGLang tags every sample with the weight version that produced it (--weight-version, raised by each "
@@ -178,7 +178,7 @@ def lower_sglang(plan: Plan) -> Lowered:
 
 
 SERVER = Server("launch_server.sh", "SGLang", 'python -m sglang.launch_server --model-path "$PCC_ROLLOUT_CHECKPOINT"',
-                "--lora-paths", ("config.json", "hf_quant_config.json"))
+                "--lora-paths", ("config.json", "hf_quant_config.json"), "sampling_params.max_new_tokens")
 
 
 def launch_script(args: list[str], quant_method: str | None, lora: bool) -> str:

@@ -17,7 +17,7 @@ import yaml
 
 from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
-from pcc.lower.server_script import Server, server_script
+from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.plan import Plan
 from pcc.resources import data_dir
 
@@ -153,7 +153,7 @@ def lower_vllm(plan: Plan) -> Lowered:
             unsupported("PCC602", f"vLLM's linear layers write the model dtype (--dtype bfloat16), not "
                         f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
     notes: list[str] = []
-    caveats: list[Unsupported] = []
+    caveats = request_caveats(SERVER, plan)
     env: dict[str, str] = {}
     layout = _layout(plan)
     args = ["--dtype", "bfloat16"]
@@ -200,7 +200,7 @@ def lower_vllm(plan: Plan) -> Lowered:
 
 
 SERVER = Server("launch_vllm.sh", "vLLM", 'vllm serve "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
-                ("config.json",))
+                ("config.json",), "max_tokens")
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:

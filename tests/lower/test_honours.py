@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pcc.lower import get_target, lower, targets_for
+from pcc.lower import compile_file as check_file, get_target, lower, targets_for
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = sorted((ROOT / "contracts").glob("*.prec")) + sorted((ROOT / "contracts" / "verl").glob("*.prec"))
+CONTRACTS = sorted((ROOT / "contracts").rglob("*.prec"))  # the shipped ones and every subfolder (fsdp, verl, vllm)
 RESOLVED = {"name", "extends", "model", "hardware", "schemes", "rollout.engine", "trainer.engine"}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_engine_flags import groups, problems  # noqa: E402  the flag file's check
@@ -102,6 +102,23 @@ def test_what_the_launch_cannot_carry_is_pcc616_on_the_field(tmp_path, name, pat
     plan = _plan(tmp_path, VARIANTS[name])
     caveats = [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.code == "PCC616"]
     assert [c.path for c in caveats] == [path]
+
+
+@pytest.mark.parametrize("rollout, trainer", [("sglang", "fsdp"), ("vllm", "megatron")])
+def test_max_tokens_without_a_framework_is_pcc616_on_the_field(tmp_path, rollout, trainer):
+    """No framework sends this contract's rollout requests, so no launch carries the response length."""
+    plan = _plan(tmp_path, f"  rollout {rollout} {{\n    max_tokens 8192\n  }}\n  trainer {trainer} {{ }}\n")
+    assert plan.contract.runs_on is None and not unhonoured(plan)
+    (w,) = [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.code == "PCC616"]
+    assert w.path == "rollout.max_tokens" and "8192" in w.hint
+    (d,) = [d for d in check_file(str(tmp_path / "c.prec")).diagnostics if d.code == "PCC616"]  # what `pcc check` says
+    assert d.severity == "warning" and d.span.line == 5
+
+
+def test_max_tokens_under_a_framework_is_its_launch(tmp_path):
+    plan = _plan(tmp_path, "  framework verl\n  rollout vllm {\n    max_tokens 8192\n  }\n  trainer fsdp { }\n")
+    assert not [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.path == "rollout.max_tokens"]
+    assert "rollout.max_tokens" in get_target("verl").honours and not unhonoured(plan)
 
 
 def test_a_field_nobody_honours_is_found(tmp_path, monkeypatch):
