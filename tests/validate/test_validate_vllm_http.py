@@ -6,6 +6,7 @@ CI=true a missing vLLM side folder fails these tests; elsewhere they skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -27,21 +28,23 @@ from test_validate_ladder import CFG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = "contracts/vllm/tiny_cpu.prec"
+LORA = "contracts/vllm/qwen38_nvfp4_lora.prec"
 START_S = 180  # vLLM's protocol import (~15 s here) and the contract's compile
 
 
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
+@contextlib.contextmanager
+def _stub(out: Path, contract: str, model: str | None = None):
     """The stub's URL; the child exits when its stdin closes."""
     if not (engine_dir() / "vllm" / "__init__.py").is_file():
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the vLLM engine tests: vLLM is not installed in {engine_dir()}")
         pytest.skip(f"vLLM is not installed in {engine_dir()}; see requirements/vllm.txt")
-    log = tmp_path_factory.mktemp("vllm-stub") / "stderr.txt"
+    log = out / "stderr.txt"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
+    args = [sys.executable, str(Path(__file__).parent / "vllm_stub.py"), contract, *([model] if model else [])]
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "vllm_stub.py"), CONTRACT], cwd=ROOT,
-                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                text=True)
     box: dict = {}
 
     def port():
@@ -66,6 +69,13 @@ def stub(tmp_path_factory):
             proc.wait(5)
 
 
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    with _stub(tmp_path_factory.mktemp("vllm-stub"), CONTRACT) as url:
+        yield url
+
+
+@pytest.mark.slow
 def test_vllm_engine_levels_4_to_6(stub, tmp_path):
     r = validate(CONTRACT, [4, 5, 6], tmp_path, engine=stub, cfg=ValidateConfig(**CFG), keep_going=True,
                  plots=False)
@@ -101,3 +111,21 @@ def test_a_wrong_value_is_refused_by_vllms_validators(stub, tmp_path, monkeypatc
     e = VllmEngine(stub, tmp_path, plan=None, arch=None, timeout=30)
     with pytest.raises(EngineError, match=r"/v1/completions: HTTP 400: .*prompt_logprobs"):
         e.score(torch.tensor([[1, 2, 3]]), 1)
+
+
+@pytest.mark.slow
+def test_vllm_engine_moves_adapters(tmp_path):
+    """A LoRA contract on its CPU stand-in: each adapter version is loaded, named in `model`, and moves the
+    scores the way the trainer predicts (the drift bound of this contract is not stable here:
+    docs/validate.md, so only the update path's own checks are asserted)."""
+    with _stub(tmp_path, LORA, "auto") as url:
+        r = validate(LORA, [4, 6], tmp_path / "run", engine=url, model="auto", cfg=ValidateConfig(**CFG),
+                     keep_going=True, plots=False)
+    by = {lv["level"]: lv for lv in r["levels"]}
+    assert all(lv["error"] is None for lv in r["levels"]), [(lv["level"], lv["error"]) for lv in r["levels"]]
+    assert by[4]["figures"]["served version"] == 0
+    checks = {c["metric"]: c["ok"] for c in by[6]["checks"]}
+    assert checks["active version manifest matches the one sent"] and checks["partial versions served"], by[6]["findings"]
+    assert checks["change cosine"] and checks["change ratio"] and checks["tensors served stale"] is None
+    assert by[6]["figures"]["active version"] == 1
+    assert by[6]["figures"]["mixed-version trajectories"] == 0

@@ -1,10 +1,13 @@
 """A server on 127.0.0.1 for the endpoints VllmEngine uses, whose requests are parsed and replies built
 with vLLM 0.32's own protocol classes (CompletionRequest, CompletionResponse, ModelList,
-LoadLoRAAdapterRequest, ErrorResponse, Logprob, numpy2base64): a field vLLM does not know is a 400
+LoadLoRAAdapterRequest, PEFTHelper, ErrorResponse, Logprob, numpy2base64): a field vLLM does not know is a 400
 here, as it is ignored there. Log-probs come from the embedded runtime's rollout engine (the tiny
-torch model) on the version installed through the same reload / adapter endpoints.
+torch model) on the version installed through the same reload / adapter endpoints; whether a version
+is refused is that engine's verdict (it checks pcc's manifest, vLLM does not), given where vLLM
+answers: at reload, or when the adapter is loaded.
 
-Run as a child process (vLLM's imports stay out of pytest): `python vllm_stub.py CONTRACT`. It prints
+Run as a child process (vLLM's imports stay out of pytest): `python vllm_stub.py CONTRACT [MODEL]`
+(MODEL as `pcc validate --model`). It prints
 `pcc-vllm-stub PORT <n>`, serves at most MAX_REQUESTS requests, and exits when stdin closes or after
 LIFETIME seconds.
 """
@@ -27,7 +30,7 @@ LIFETIME, MAX_REQUESTS = 300.0, 3000
 BASE = "pcc-stub-model"
 
 
-def main(contract: str) -> None:
+def main(contract: str, model: str | None = None) -> None:
     sys.path.append(os.environ.get("PCC_VLLM_DIR") or str(Path(sys.prefix) / "engines" / "vllm"))
     from pydantic import ValidationError
     from safetensors.torch import load_file
@@ -38,6 +41,7 @@ def main(contract: str) -> None:
     from vllm.exceptions import VLLMError
     from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
     from vllm.logprobs import Logprob
+    from vllm.lora.peft_helper import PEFTHelper
     from vllm.utils.serial_utils import numpy2base64
 
     from pcc.runtime.contract import compile_for_runtime
@@ -47,7 +51,7 @@ def main(contract: str) -> None:
     from pcc.validate.local import LocalEngine
 
     set_threads()  # PCC_THREADS, as the tests run
-    plan = compile_for_runtime(contract).plan
+    plan = compile_for_runtime(contract, model).plan
     arch = Arch.from_catalog(plan.catalog)
     engine = LocalEngine(plan, arch)
     state = {"version": "default", "adapters": {}, "paused": False}
@@ -158,7 +162,16 @@ def main(contract: str) -> None:
         if path == "/v1/load_lora_adapter":
             req = parse(LoadLoRAAdapterRequest, body)
             v = load_dir(Path(req.lora_path), "adapter", "adapter_model.safetensors")
+            peft = PEFTHelper.from_dict(json.loads((Path(req.lora_path) / "adapter_config.json").read_text()))
+            engine.rollout.lora_scaling = peft.vllm_lora_scaling_factor
             engine.install(v)
+            prev = engine.active()[0]
+            try:  # vLLM loads an adapter when asked, not at first use: refuse it now, keep serving the old one
+                engine.activate(v.version)
+            except ActivationRefused as exc:
+                return error(400, str(exc))
+            finally:
+                engine.activate(prev)
             state["adapters"][req.lora_name] = v.version
             return 200, f"Success: LoRA adapter '{req.lora_name}' added successfully."
         if path == "/v1/unload_lora_adapter":
@@ -237,4 +250,4 @@ def main(contract: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
