@@ -111,7 +111,7 @@ def test_max_tokens_without_a_framework_is_pcc616_on_the_field(tmp_path, rollout
     assert plan.contract.runs_on is None and not unhonoured(plan)
     (w,) = [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.code == "PCC616"]
     assert w.path == "rollout.max_tokens" and "8192" in w.hint
-    (d,) = [d for d in check_file(str(tmp_path / "c.prec")).diagnostics if d.code == "PCC616"]  # what `pcc check` says
+    (d,) = [d for d in check_file(str(tmp_path / "c.prec")).diagnostics if d.code == "PCC616"]  # `pcc check`
     assert d.severity == "warning" and d.span.line == 5
 
 

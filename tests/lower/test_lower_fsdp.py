@@ -268,6 +268,30 @@ def test_fuzzed_fsdp_contracts_check_and_compile_alike(tmp_path):
 
 
 @pytest.mark.engines
+def test_pcc_check_and_compile_never_import_torchao_or_peft(tmp_path):
+    """With both importable, checking and writing an fsdp bundle (the LoRA one: a PEFT config) loads neither:
+    only pcc.lower.fsdp_apply.apply and verify do."""
+    import subprocess
+    import sys
+
+    from pcc.lower import verify_fsdp
+
+    where = verify_fsdp.engine_dir()
+    if not (where / "torchao" / "__init__.py").is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the FSDP checks: no torchao in {where}")
+        pytest.skip(f"torchao is not installed in {where}")
+    code = ("import sys; sys.path.append(sys.argv[1])\n"
+            "from pcc.lower import compile_file\nfrom pcc.bundle import bundle_files\nimport pcc.lower.fsdp_apply\n"
+            "c = compile_file(sys.argv[2]); assert c.ok; bundle_files(c.plan)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchao', 'peft')))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(where), str(ROOT / "contracts" / "fsdp" /
+                          "qwen38_nvfp4_lora.prec")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.engines
 def test_torchaos_int4_grid_is_what_pcc612_says():
     """The PCC612 caveat, measured: torchao's symmetric INT4 fake quantization of one 128-wide group
     has step amax/7.5 and clamps +amax to code 7 (its range is [-8, 7]), where pcc's INT4 steps by amax/7."""
