@@ -13,8 +13,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import torch
-
 from .engine import EngineError, Version
 
 TIMEOUT = 120.0  # the total deadline of one request: connect, headers and the whole body

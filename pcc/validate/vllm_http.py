@@ -169,7 +169,8 @@ class VllmEngine(HttpClient):
             self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
             old, self.lora = self.lora, name
             if old is not None and old != name:
-                self._ok("/v1/unload_lora_adapter", self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True))
+                r = self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True)
+                self._ok("/v1/unload_lora_adapter", r)
         else:
             self._ok("/pause", self._post("/pause?mode=wait"))
             try:

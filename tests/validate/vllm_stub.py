@@ -54,10 +54,10 @@ def main(contract: str, model: str | None = None) -> None:
     plan = compile_for_runtime(contract, model).plan
     arch = Arch.from_catalog(plan.catalog)
     engine = LocalEngine(plan, arch)
-    state = {"version": "default", "adapters": {}, "paused": False}
+    state = {"version": "default", "adapters": {}, "paused": False}  # paused: completions wait, as in vLLM
     c = plan.contract
     returns_routes = c.routing_replay == "r3" or "experts" in c.rollout.record  # as pcc.lower.vllm launches it
-    lock = threading.Lock()
+    lock = threading.Condition()
 
     class BadRequest(Exception):
         pass
@@ -198,6 +198,7 @@ def main(contract: str, model: str | None = None) -> None:
             return 200, {"status": "paused"}
         if path == "/resume":
             state["paused"] = False
+            lock.notify_all()
             return 200, {"status": "resumed"}
         if path == "/update_weight_version":
             if set(body) != {"new_version"} or not isinstance(body["new_version"], str):
@@ -214,6 +215,8 @@ def main(contract: str, model: str | None = None) -> None:
             url = urlsplit(self.path)
             raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             with lock:
+                if url.path == "/v1/completions":
+                    lock.wait_for(lambda: not state["paused"], 60)
                 try:
                     code, doc = handle(method, url.path, parse_qs(url.query), json.loads(raw or b"{}"))
                 except BadRequest as exc:
