@@ -42,6 +42,12 @@ SCORE = {"max_tokens": 0, "echo": True, "prompt_logprobs": 0, "return_token_ids"
 SAMPLE = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
           "presence_penalty": 0.0, "frequency_penalty": 0.0}
 MAX_PROMPTS = 1024  # envs.VLLM_MAX_COMPLETION_PROMPTS's default: prompts one request may carry
+# the endpoints vLLM registers only under an environment variable (a 404 otherwise)
+NEEDS = {"/weight_info": "VLLM_SERVER_DEV_MODE=1", "/collective_rpc": "VLLM_SERVER_DEV_MODE=1",
+         "/reset_prefix_cache": "VLLM_SERVER_DEV_MODE=1", "/pause": "VLLM_SERVER_DEV_MODE=1",
+         "/resume": "VLLM_SERVER_DEV_MODE=1", "/update_weight_version": "VLLM_SERVER_DEV_MODE=1",
+         "/v1/load_lora_adapter": "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+         "/v1/unload_lora_adapter": "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"}
 
 
 class VllmEngine(HttpClient):
@@ -54,7 +60,9 @@ class VllmEngine(HttpClient):
     def _ok(self, path: str, reply):
         """The reply, or an EngineError naming the endpoint when it is an HTTP error status."""
         if isinstance(reply, dict) and "_status" in reply:
-            raise EngineError(f"{self.url}{path}: {reply['message']}")
+            need = NEEDS.get(path.split("?")[0]) if _no_route(reply) else None
+            hint = f" (vLLM serves it only when started with {need})" if need else ""
+            raise EngineError(f"{self.url}{path}: {reply['message']}{hint}")
         return reply
 
     def _model(self) -> str:
@@ -165,6 +173,8 @@ class VllmEngine(HttpClient):
             name = f"pcc-v{version}-{d.name}"
             r = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(d)}, text=True)
             if isinstance(r, dict):
+                if _no_route(r):
+                    self._ok("/v1/load_lora_adapter", r)
                 raise ActivationRefused(f"load_lora_adapter {name}: {r['message']}")
             self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
             old, self.lora = self.lora, name
@@ -176,6 +186,8 @@ class VllmEngine(HttpClient):
             try:
                 r = self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
                 if isinstance(r, dict) and "_status" in r:
+                    if _no_route(r):
+                        self._ok("/collective_rpc", r)
                     raise ActivationRefused(f"reload_weights {d}: {r['message']}")
                 reset = self._ok("/reset_prefix_cache", self._post("/reset_prefix_cache"))
                 if not self._reply("/reset_prefix_cache", lambda: reset["success"]):
@@ -193,6 +205,12 @@ class VllmEngine(HttpClient):
     def read_tensor(self, name: str) -> torch.Tensor:
         raise NotServed(f"{self.url}: vLLM 0.32 returns no parameter values over HTTP (/weight_checker gives only "
                         f"checksums of its own processed parameters), so {name} cannot be read back")
+
+
+def _no_route(reply: dict) -> bool:
+    """FastAPI's answer for a path no router registered ({"detail": "Not Found"}), not a vLLM ErrorResponse
+    (an adapter path that does not exist is a 404 NotFoundError: a refusal)."""
+    return reply.get("_status") == 404 and reply.get("message") == "HTTP 404: Not Found"
 
 
 def _npy(b64: str, rows: int, arch) -> torch.Tensor:

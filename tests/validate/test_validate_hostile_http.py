@@ -180,12 +180,13 @@ def test_a_failed_vllm_reload_is_refused_and_the_server_resumed(tmp_path):
     assert seen == ["/pause", "/collective_rpc", "/resume"]
 
 
-def test_a_refused_vllm_adapter_is_refused(tmp_path):
+@pytest.mark.parametrize("status", ["400 Bad Request", "404 Not Found"])  # 404: vLLM's LoRAAdapterNotFoundError
+def test_a_refused_vllm_adapter_is_refused(tmp_path, status):
     err = b'{"error": {"message": "Invalid LoRA adapter", "type": "BadRequestError", "param": null, "code": 400}}'
-    with Server(lambda conn, stop, req: conn.sendall(_http("400 Bad Request", err))) as s:
+    with Server(lambda conn, stop, req: conn.sendall(_http(status, err))) as s:
         e = _engine(s.url, tmp_path, cls=VllmEngine)
         e.installed[1] = (Version(1, "adapter", {}), tmp_path)
-        with pytest.raises(ActivationRefused, match=r"load_lora_adapter pcc-v1-.*: HTTP 400: Invalid LoRA adapter"):
+        with pytest.raises(ActivationRefused, match=r"load_lora_adapter pcc-v1-.*: HTTP 40[04]: Invalid LoRA adapter"):
             e.activate(1)
         assert e.lora is None
 
@@ -202,3 +203,15 @@ def test_nothing_listening(tmp_path, cls, info):
         port = probe.getsockname()[1]
     with pytest.raises(EngineError, match=rf"127.0.0.1:{port}{info}: .*refused"):
         _engine(f"http://127.0.0.1:{port}", tmp_path, cls=cls).active()
+
+
+def test_a_vllm_server_without_dev_mode_says_so(tmp_path):
+    with Server(lambda conn, stop, req: conn.sendall(_http("404 Not Found", b'{"detail": "Not Found"}'))) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        with pytest.raises(EngineError, match=r"/weight_info: HTTP 404: Not Found \(vLLM serves it only when "
+                                              r"started with VLLM_SERVER_DEV_MODE=1\)"):
+            e.active()
+        e.installed[1] = (Version(1, "adapter", {}), tmp_path)
+        with pytest.raises(EngineError, match=r"only when started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True") as exc:
+            e.activate(1)
+        assert not isinstance(exc.value, ActivationRefused)  # a missing endpoint is not a verdict on the version
