@@ -35,7 +35,7 @@ def cmd_import(args, rep) -> int:
         imported = import_source(args.kind, args.source, args.model, args.hardware)
     except ImportFailed as exc:
         rep.diagnostic(exc.to_diagnostic())
-        return 1
+        return 2 if exc.code == "PCC109" else 1  # not a regular file (a FIFO, /dev/zero): names nothing readable
     except CatalogError as exc:
         return rep.fail(str(exc), code=exc.code)
     rep.extend(imported.diagnostics)

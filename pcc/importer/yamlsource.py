@@ -7,19 +7,29 @@ or a non-scalar key is a positioned PCC801.
 
 from __future__ import annotations
 
+import os
+
 import yaml
 
 from pcc.importer import ImportFailed
 from pcc.lang.diagnostics import Span
+from pcc.lang.inputs import InputError, read_bytes
+
+
+MAX_BYTES = 1 << 20  # a verl job or a TE precision file is kilobytes; a larger one is not a source
+MAX_NODES = 100_000  # YAML nodes walked, aliases expanded (pcc.contract.io's bound for YAML contracts)
 
 
 def read_text(path: str, what: str) -> str:
+    """The UTF-8 text of regular file `path` (at most MAX_BYTES, read once through pcc.lang.inputs: a
+    FIFO or a link to /dev/zero is refused before a byte is read, PCC109)."""
+    if not os.path.lexists(path):
+        raise ImportFailed(f"{path}: no such file ({what})", file=path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise ImportFailed(f"{path}: no such file ({what})", file=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_bytes(path, MAX_BYTES, what).decode("utf-8")
+    except InputError as exc:
+        raise ImportFailed(str(exc), code=exc.code if exc.reason == "kind" else None, file=path) from None
+    except UnicodeDecodeError as exc:
         raise ImportFailed(f"{path}: unreadable {what} ({exc})", file=path) from None
 
 
@@ -44,7 +54,21 @@ def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
     if node is None:
         return None, spans
 
+    walked, open_ = [0], set()
+
     def walk(n, path: str):
+        walked[0] += 1
+        if walked[0] > MAX_NODES or id(n) in open_:
+            why = (f"YAML aliases expand the document past {MAX_NODES} nodes" if walked[0] > MAX_NODES
+                   else "a YAML alias refers to the node that contains it")
+            raise ImportFailed(f"{file}: {why} ({what})", file=file, span=span_at(file, n.start_mark))
+        open_.add(id(n))
+        try:
+            return _walk(n, path)
+        finally:
+            open_.discard(id(n))
+
+    def _walk(n, path: str):
         spans[path] = span_at(file, n.start_mark)
         plain = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}.get(type(n))
         if plain is not None and n.tag != plain:
