@@ -144,9 +144,14 @@ def quantization_config(plan: Plan) -> dict | None:
         return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
     if layout == "nvfp4":
         # The flat config.json form: SGLang reads exclusions from `ignore`; `exclude_modules`
-        # is the same list under the name of ModelOpt's hf_quant_config.json.
-        return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-                "kv_cache_quant_algo": kv, "ignore": skip, "exclude_modules": skip}
+        # is the same list under the name of ModelOpt's hf_quant_config.json. vLLM's
+        # ModelOptQuantConfigBase.from_config reads the flat form's KV cache only from
+        # `kv_cache_scheme` (SGLang from it, else `kv_cache_quant_algo`).
+        cfg = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+               "kv_cache_quant_algo": kv, "ignore": skip, "exclude_modules": skip}
+        if kv:
+            cfg["kv_cache_scheme"] = {"type": "float", "num_bits": 8 if kv == "FP8" else 4, "dynamic": False}
+        return cfg
     return _compressed_tensors_int4(spec, skip)
 
 

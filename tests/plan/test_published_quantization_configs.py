@@ -5,7 +5,11 @@ rule `should_convert_module` (its FP8 and MXFP4 loaders apply it), and vLLM's (`
 process over vLLM's side folder as pcc.lower.verify_vllm does, and SGLang's `Fp8Config.from_config` and
 `is_layer_skipped`, compiled from the installed source (its modules import GPU libraries a CPU lacks).
 
-Published: deepseek-ai/DeepSeek-V3 `quantization_config` {activation_scheme dynamic, fmt e4m3, quant_method
+Published (tests/models/published/SOURCES.md): Qwen/Qwen3-30B-A3B-FP8 and Qwen/Qwen3-235B-A22B-FP8 {activation_scheme
+dynamic, fmt e4m3, quant_method fp8, weight_block_size [128, 128], modules_to_not_convert: lm_head and each layer's
+input_layernorm, mlp.gate, post_attention_layernorm}; NVIDIA's ModelOpt NVFP4 Qwen3-235B-A22B hf_quant_config.json
+{quant_algo NVFP4, kv_cache_quant_algo FP8, group_size 16, exclude_modules: lm_head and each mlp.gate};
+deepseek-ai/DeepSeek-V3 `quantization_config` {activation_scheme dynamic, fmt e4m3, quant_method
 fp8, weight_block_size [128, 128]}; openai/gpt-oss-20b {modules_to_not_convert [model.layers.*.self_attn,
 model.layers.*.mlp.router, model.embed_tokens, lm_head], quant_method mxfp4}. Deliberate differences
 (docs/models.md): pcc lists the modules it keeps wide by name (`modules_to_not_convert`) where the published
@@ -28,7 +32,7 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils.quantization_config import FineGrainedFP8Config, Mxfp4Config
 
 from pcc.lower import compile_file
-from pcc.lower.checkpoint_config import quantization_config
+from pcc.lower.checkpoint_config import hf_quant_config, quantization_config
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "models" / "published"
 DEEPSEEK_V3 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
@@ -109,8 +113,12 @@ _VLLM_CHILD = textwrap.dedent("""
         obj = get_quantization_config(case["method"]).from_config(dict(case["config"]))
         fields = {k: v for k, v in vars(obj).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
         mode = getattr(obj, "ignored_layers_match_mode", "exact")
-        skipped = [is_layer_skipped(m, obj.ignored_layers, match_mode=mode)
-                   for m in case["modules"]] if getattr(obj, "ignored_layers", None) is not None else None
+        if hasattr(obj, "is_layer_excluded"):  # ModelOpt's configs
+            skipped = [obj.is_layer_excluded(m) for m in case["modules"]]
+        elif getattr(obj, "ignored_layers", None) is not None:
+            skipped = [is_layer_skipped(m, obj.ignored_layers, match_mode=mode) for m in case["modules"]]
+        else:
+            skipped = None
         out.append({"class": type(obj).__name__, "fields": fields, "skipped": skipped})
     print(json.dumps(out))
 """)
@@ -217,3 +225,105 @@ def test_sglang_parses_the_published_and_pcc_block_fp8_configs_alike(tmp_path):
     changed = {m for m in modules if skipped(m, theirs.ignored_layers) != skipped(m, ours.ignored_layers)}
     assert {m.rsplit(".", 1)[-1] if m.startswith("model.layers.") else m for m in changed} == {
         "gate", "model.embed_tokens", "lm_head"}
+
+
+def _published(name: str) -> dict:
+    return json.loads((PUBLISHED / name).read_text())
+
+
+def _model_dir(tmp_path, config: dict) -> Path:
+    """The model as a config-only directory (its architecture; a one-line contract says the rollout scheme)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+    return d
+
+
+def _plan_from(tmp_path, directory, rules: str, hw: str):
+    path = tmp_path / "c.prec"
+    path.write_text(f'contract one-line {{\n  model from "{directory}"\n  hardware {hw}\n  rollout sglang {{\n'
+                    f"    {rules}\n  }}\n  routing replay rollout\n}}\n", encoding="utf-8")
+    compiled = compile_file(str(path))
+    assert compiled.ok, [d.render(compiled.sources) for d in compiled.diagnostics if d.is_error]
+    return compiled.plan
+
+
+NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+@pytest.mark.parametrize("name", ["Qwen--Qwen3-30B-A3B-FP8.config.json", "Qwen--Qwen3-235B-A22B-FP8.config.json"])
+def test_qwen3_moe_block_fp8(tmp_path, name):
+    """`linear : fp8_block` writes Qwen's four fields as published; its modules_to_not_convert is Qwen's less the
+    norms (never quantized, pcc lists no norm) plus model.embed_tokens (no Linear: no loader quantizes it). Every
+    loader decides every Linear module the same with either list: transformers (should_convert_module), SGLang
+    (is_layer_skipped), vLLM (below, test_vllm_reads_qwen3_moe_fp8_alike)."""
+    published = _published(name)["quantization_config"]
+    plan = _plan_from(tmp_path, _model_dir(tmp_path, _published(name)), "linear : fp8_block", "H100")
+    ours = quantization_config(plan)
+    assert set(ours) == set(published)
+    assert {k: ours[k] for k in published if k != "modules_to_not_convert"} == {
+        k: v for k, v in published.items() if k != "modules_to_not_convert"}
+    theirs_list, ours_list = set(published["modules_to_not_convert"]), set(ours["modules_to_not_convert"])
+    assert theirs_list - ours_list == {m for m in theirs_list if m.endswith(NORMS)}
+    assert ours_list - theirs_list == {"model.embed_tokens"}
+    a = FineGrainedFP8Config.from_dict(dict(published))
+    b = FineGrainedFP8Config.from_dict(dict(ours))
+    assert (a.quant_method, a.activation_scheme, tuple(a.weight_block_size)) == (
+        b.quant_method, b.activation_scheme, tuple(b.weight_block_size))
+    config_cls, skipped = _sglang_fp8()
+    sa, sb = config_cls.from_config(dict(published)), config_cls.from_config(dict(ours))
+    assert {f for f in set(vars(sa)) | set(vars(sb)) if getattr(sa, f, None) != getattr(sb, f, None)} == {
+        "ignored_layers"}
+    linears = [m for m in _modules(plan) if m != "model.embed_tokens" and not m.endswith("norm")]
+    for m in linears:
+        assert should_convert_module(m, published["modules_to_not_convert"]) == should_convert_module(
+            m, ours["modules_to_not_convert"]), m
+        assert skipped(m, sa.ignored_layers) == skipped(m, sb.ignored_layers), m
+    assert {m for m in linears if not should_convert_module(m, ours["modules_to_not_convert"])} == {
+        m for m in linears if m.endswith(".mlp.gate")} | {"lm_head"}
+
+
+@pytest.mark.engines
+def test_vllm_reads_qwen3_moe_fp8_and_nvfp4_alike(tmp_path):
+    """vLLM's Fp8Config (Qwen3-30B-A3B-FP8) and ModelOptNvFp4Config (NVIDIA's NVFP4 Qwen3-235B-A22B: its nested
+    hf_quant_config.json against pcc's flat config.json form, which vLLM reads first) hold the same fields but the
+    exclusion list, and is_layer_skipped decides every Linear module alike."""
+    fp8 = _published("Qwen--Qwen3-30B-A3B-FP8.config.json")
+    (tmp_path / "a").mkdir()
+    plan = _plan_from(tmp_path / "a", _model_dir(tmp_path / "a", fp8), "linear : fp8_block", "H100")
+    nv = _published("nvidia--Qwen3-235B-A22B-NVFP4.hf_quant_config.json")
+    (tmp_path / "b").mkdir()
+    nv_plan = _plan_from(tmp_path / "b", _model_dir(tmp_path / "b", _published(
+        "nvidia--Qwen3-235B-A22B-NVFP4.config.json")), "linear : nvfp4\n    kv_cache : fp8_e4m3", "B200")
+    linears = [m for m in _modules(plan) if m != "model.embed_tokens" and not m.endswith("norm")]
+    nv_linears = [m for m in _modules(nv_plan) if m != "model.embed_tokens" and not m.endswith("norm")]
+    cases = [{"method": "fp8", "config": fp8["quantization_config"], "modules": linears},
+             {"method": "fp8", "config": quantization_config(plan), "modules": linears},
+             {"method": "modelopt_fp4", "config": nv, "modules": nv_linears},
+             {"method": "modelopt_fp4", "config": quantization_config(nv_plan), "modules": nv_linears}]
+    theirs, ours, nv_theirs, nv_ours = _vllm_parse(cases)
+    assert theirs["skipped"] == ours["skipped"] and nv_theirs["skipped"] == nv_ours["skipped"]
+    assert {k for k in theirs["fields"] if theirs["fields"][k] != ours["fields"][k]} == {"ignored_layers"}
+    assert nv_theirs["class"] == nv_ours["class"]
+    differ = {k for k in nv_theirs["fields"] if nv_theirs["fields"][k] != nv_ours["fields"][k]}
+    assert differ <= {"exclude_modules", "ignored_layers"}, differ  # kv_cache_quant_algo FP8 on both sides
+    assert any(nv_theirs["skipped"]) and not all(nv_theirs["skipped"])  # the routers are skipped, the rest is not
+
+
+def test_qwen3_235b_nvfp4_hf_quant_config(tmp_path):
+    """`linear : nvfp4` + `kv_cache : fp8_e4m3` writes NVIDIA's quantization fields (quant_algo, group_size,
+    kv_cache_quant_algo) and excludes what it excludes (lm_head, every router) plus model.embed_tokens. The producer
+    is pcc, not modelopt: vLLM refuses a non-ModelOpt producer only when it has to read hf_quant_config.json, and it
+    reads config.json's quantization_config first, which pcc writes too."""
+    published = _published("nvidia--Qwen3-235B-A22B-NVFP4.hf_quant_config.json")
+    plan = _plan_from(tmp_path, _model_dir(tmp_path, _published("nvidia--Qwen3-235B-A22B-NVFP4.config.json")),
+                      "linear : nvfp4\n    kv_cache : fp8_e4m3", "B200")
+    ours = hf_quant_config(plan)["quantization"]
+    theirs = published["quantization"]
+    assert set(ours) == set(theirs)
+    assert {k: ours[k] for k in theirs if k != "exclude_modules"} == {k: v for k, v in theirs.items()
+                                                                      if k != "exclude_modules"}
+    assert set(ours["exclude_modules"]) - set(theirs["exclude_modules"]) == {"model.embed_tokens"}
+    assert set(theirs["exclude_modules"]) <= set(ours["exclude_modules"])
+    flat = quantization_config(plan)
+    assert (flat["quant_algo"], flat["group_size"], flat["kv_cache_quant_algo"]) == ("NVFP4", 16, "FP8")
