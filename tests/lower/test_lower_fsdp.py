@@ -174,6 +174,18 @@ def test_a_megatron_contract_lowered_for_fsdp_is_pcc611():
 
 # ---- with torchao, torch and PEFT ---------------------------------------------------------------
 
+def _torchao_dir() -> Path:
+    """The side folder holding torchao; skips without it (CI=true: fails)."""
+    from pcc.lower import verify_fsdp
+
+    where = verify_fsdp.engine_dir()
+    if not (where / "torchao" / "__init__.py").is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the FSDP checks: no torchao in {where}")
+        pytest.skip(f"torchao is not installed in {where}")
+    return where
+
+
 def _verify(plan):
     from pcc.lower import verify_fsdp
 
@@ -274,13 +286,7 @@ def test_pcc_check_and_compile_never_import_torchao_or_peft(tmp_path):
     import subprocess
     import sys
 
-    from pcc.lower import verify_fsdp
-
-    where = verify_fsdp.engine_dir()
-    if not (where / "torchao" / "__init__.py").is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the FSDP checks: no torchao in {where}")
-        pytest.skip(f"torchao is not installed in {where}")
+    where = _torchao_dir()
     code = ("import sys; sys.path.append(sys.argv[1])\n"
             "from pcc.lower import compile_file\nfrom pcc.bundle import bundle_files\nimport pcc.lower.fsdp_apply\n"
             "c = compile_file(sys.argv[2]); assert c.ok; bundle_files(c.plan)\n"
@@ -298,13 +304,7 @@ def test_torchaos_int4_grid_is_what_pcc612_says():
     import subprocess
     import sys
 
-    from pcc.lower import verify_fsdp
-
-    where = verify_fsdp.engine_dir()
-    if not (where / "torchao" / "__init__.py").is_file():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the FSDP checks: no torchao in {where}")
-        pytest.skip(f"torchao is not installed in {where}")
+    where = _torchao_dir()
     code = ("import sys, json, torch; sys.path.append(sys.argv[1])\n"
             "from torchao.quantization.qat import IntxFakeQuantizeConfig\n"
             "from torchao.quantization.qat.fake_quantizer import IntxFakeQuantizer\n"
