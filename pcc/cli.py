@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_left()
     except Exception as exc:  # a bug in pcc: one line, never a traceback
-        message = f"internal error: {type(exc).__name__}: {exc} (please report)"
+        message = f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (please report)"
         print(f"pcc: {message}", file=sys.stderr)
         rep.diagnostics.append({"code": None, "severity": "error", "message": message})
         code = EXIT_INTERNAL

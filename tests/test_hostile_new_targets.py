@@ -49,3 +49,46 @@ def test_import_refuses_hostile_yaml(d, kind, name, code, words):
     rc, env = pcc("import", kind, str(d / name), "--model", "qwen3_30b_a3b")
     assert rc == code == env["exit_code"], env
     assert words in env["diagnostics"][0]["message"], env
+
+
+@pytest.fixture(scope="module")
+def verl_job(tmp_path_factory):
+    """The folder pcc writes a verl job to (verl/overrides.txt, launch.sh) of verl/tiny_cpu."""
+    from pcc.cli import main
+
+    d = tmp_path_factory.mktemp("verl-job")
+    assert main(["compile", str(ROOT / "contracts" / "verl" / "tiny_cpu.prec"), "-o", str(d / "bundle")]) == 0
+    return d / "bundle"
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("[1, 2]\n", 1, "the document is not a mapping"),
+    ("levels: 3\n", 1, "levels is not a list"),
+    ("levels:\n- thresholds:\n  - source: contract\n    op: '<='\n", 3, "has no metric"),
+    ("levels:\n- thresholds:\n  - {source: contract, metric: route_agreement, op: 'rm -rf', value: 1}\n", 3, ".op:"),
+    (BOMB, 1, "aliases"),
+])
+def test_verl_import_of_a_folder_with_a_hostile_expectations_file(verl_job, tmp_path, text, line, words):
+    job = tmp_path / "job"
+    (job / "validate").mkdir(parents=True)
+    (job / "verl").mkdir()
+    for f in ("overrides.txt", "launch.sh"):
+        (job / "verl" / f).write_bytes((verl_job / "verl" / f).read_bytes())
+    (job / "validate" / "expectations.yaml").write_text(text)
+    rc, env = pcc("import", "verl", str(job), "--model", "tiny_moe")
+    assert rc == 1 == env["exit_code"], env
+    first = env["diagnostics"][0]
+    assert first["code"] == "PCC801" and words in first["message"] and first["line"] == line, first
+
+
+def test_an_internal_error_is_one_line(monkeypatch, capsys):
+    import pcc.importer
+    from pcc.cli import main
+
+    def boom(*args, **kwargs):
+        raise ValueError("first line\nsecond line")
+
+    monkeypatch.setattr(pcc.importer, "import_source", boom)
+    assert main(["import", "te", str(ROOT / "README.md"), "--model", "tiny_moe"]) == 3
+    err = capsys.readouterr().err
+    assert err == "pcc: internal error: ValueError: first line second line (please report)\n", err

@@ -17,13 +17,12 @@ import re
 import shlex
 from pathlib import Path
 
-import yaml
-
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.checkpoint import Decided, _define, decide_config, finish, load_model, method_of, rollout_rules
 from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
 from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
+from pcc.importer.yamlsource import load, read_text
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
 
@@ -500,21 +499,41 @@ def lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
 
 def read_expectations(imp: Imported, path: Path | None) -> None:
     """A bundle's validate/expectations.yaml: the thresholds whose source is the contract."""
+    from pydantic import ValidationError
+
+    from pcc.contract.model import Expectation
+
     if path is None:
         return
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ImportFailed(f"{path}: unreadable ({exc})", file=str(path)) from None
+    file = str(path)
+    doc, spans = load(read_text(file, "expectations file"), file, "expectations file")
+
+    def shape(value, kind: type, at: str):
+        if not isinstance(value, kind):
+            raise ImportFailed(f"{file}: {at or 'the document'} is not a {'list' if kind is list else 'mapping'} "
+                               "(pcc writes levels, each with a list of thresholds)", file=file, span=spans.get(at))
+        return value
+
     out = []
-    for level in doc.get("levels") or []:
-        for th in level.get("thresholds") or []:
-            if th.get("source") != "contract":
+    for i, level in enumerate(shape(shape(doc or {}, dict, "").get("levels") or [], list, "levels")):
+        at = f"levels[{i}]"
+        for j, th in enumerate(shape(shape(level, dict, at).get("thresholds") or [], list, f"{at}.thresholds")):
+            if shape(th, dict, f"{at}.thresholds[{j}]").get("source") != "contract":
                 continue
+            gone = [k for k in ("metric", "op", "value") if k not in th]
+            if gone:
+                raise ImportFailed(f"{file}: {at}.thresholds[{j}] has no {gone[0]}", file=file,
+                                   span=spans.get(f"{at}.thresholds[{j}]"))
             metric, *stat = str(th["metric"]).split()
             e = {"metric": metric, "op": th["op"], "value": th["value"]}
             if stat:
                 e["stat"] = " ".join(stat)
+            try:
+                Expectation.model_validate(e)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise ImportFailed(f"{file}: {at}.thresholds[{j}].{'.'.join(map(str, err['loc']))}: {err['msg']}",
+                                   file=file, span=spans.get(f"{at}.thresholds[{j}]")) from None
             out.append(e)
     if out:
         imp.contract["expect"] = out
