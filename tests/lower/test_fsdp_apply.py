@@ -92,6 +92,7 @@ def test_a_model_in_another_dtype_than_the_sharded_one_is_pcc715(checkpoint, tmp
     assert exc.value.hint == "load the model with dtype=torch.float32"
 
 
+@pytest.mark.engines
 def test_each_torchao_and_peft_path_applies_and_trains_one_step_on_the_cpu(checkpoint, tmp_path):
     from pcc.lower import verify_fsdp
 
