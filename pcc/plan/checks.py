@@ -134,9 +134,9 @@ _COLUMN = ("self_attn.q_b_proj", "self_attn.kv_b_proj")
 _ROW = ("self_attn.o_proj", "down_proj")
 
 
-def _engine_refusal(op, tp: int, ep: int, bn: int, bk: int, rows: dict[str, int]) -> str | None:
+def _engine_refusal(op, tp: int, ep: int, bn: int, bk: int, rows: dict[str, float]) -> str | None:
     """Why SGLang's and vLLM's block-FP8 loaders refuse the layer this weight loads into, or None. `rows`: every
-    weight's rows by tensor name (a fused QKV layer is refused for any of its parts)."""
+    weight's rows per tensor-parallel rank by tensor name (a fused QKV layer is refused for any of its parts)."""
     n, k = op.shape
     module = op.tensor[: -len(".weight")]
     if op.family.startswith("experts."):
@@ -150,7 +150,7 @@ def _engine_refusal(op, tp: int, ep: int, bn: int, bk: int, rows: dict[str, int]
     if leaf in _FUSED_PARTS:
         prefix = module[: -len(leaf)]
         siblings = _QKV_PARTS if leaf in _QKV_PARTS else _GATE_UP_PARTS
-        bad = [rows[t] / tp for t in (f"{prefix}{m}.weight" for m in siblings) if t in rows and (rows[t] / tp) % bn]
+        bad = [rows[t] for t in (f"{prefix}{m}.weight" for m in siblings) if t in rows and rows[t] % bn]
         if bad:
             return f"{_FUSED_PARTS[leaf]} whose parts need their rows per rank ({bad[0]:g}) a multiple of {bn}"
         return None
@@ -159,6 +159,18 @@ def _engine_refusal(op, tp: int, ep: int, bn: int, bk: int, rows: dict[str, int]
     if tp > 1 and leaf in _ROW and (k / tp) % bk:
         return f"a row-parallel linear at tp {tp} needs its input per rank ({k / tp:g}) a multiple of {bk}"
     return None
+
+
+def rank_rows(catalog, tp: int) -> dict[str, float]:
+    """Each 2-D weight's rows on one tensor-parallel rank, as SGLang's and vLLM's QKVParallelLinear split them: k and
+    v keep one whole KV head per rank when tp exceeds the KV heads (the heads are replicated)."""
+    kv_heads = catalog.num_key_value_heads
+    out = {}
+    for op in catalog.operators:
+        if len(op.shape) == 2:
+            kv = op.tensor.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight"))
+            out[op.tensor] = op.shape[0] / (kv_heads if kv and tp >= kv_heads else tp)
+    return out
 
 
 def _grid_fit(dim: int, block: int) -> str:
@@ -181,7 +193,7 @@ def _ceil_grid_consumers(plan: Plan, idx, bn: int, bk: int, span, path: str, rep
     refused = [i for i in weights if "refused" in grid[i]]
     wrong = [i for i in weights if "wrong" in grid[i] and i not in refused]
     why: dict[str, list[int]] = {}
-    rows = {op.tensor: op.shape[0] for op in ops if len(op.shape) == 2}
+    rows = rank_rows(plan.catalog, par.tp)
     for i in weights:
         reason = _engine_refusal(ops[i], par.tp, par.ep, bn, bk, rows)
         if reason:

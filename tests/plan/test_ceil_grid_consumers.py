@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from pcc.lower import compile_file
-from pcc.plan.checks import _engine_refusal, _grid_fit
+from pcc.plan.checks import _engine_refusal, _grid_fit, rank_rows
 
 Fp8Dequantize = pytest.importorskip("transformers.integrations.finegrained_fp8").Fp8Dequantize
 
@@ -40,8 +40,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "pcc" / "models" / "configs"
 FEWER = {"tiny_moe": {}, "qwen3_30b_a3b": {"num_hidden_layers": 2, "num_experts": 8},
          "deepseek_v3": {"num_hidden_layers": 2, "first_k_dense_replace": 1, "n_routed_experts": 8, "n_group": 1,
                          "topk_group": 1}}
-CASES = [("tiny_moe", 1, 1), ("qwen3_30b_a3b", 4, 1), ("qwen3_30b_a3b", 4, 4), ("deepseek_v3", 8, 1),
-         ("deepseek_v3", 32, 1)]
+CASES = [("tiny_moe", 1, 1), ("qwen3_30b_a3b", 4, 1), ("qwen3_30b_a3b", 4, 4), ("qwen3_30b_a3b", 8, 8),
+         ("deepseek_v3", 8, 1), ("deepseek_v3", 32, 1)]
 
 
 def _plan(tmp_path, model: str, tp: int, ep: int):
@@ -65,7 +65,7 @@ def _weights(plan):
             if len(ops[i].shape) == 2 and ops[i].family not in ("kv_cache", "embed", "norm")]
 
 
-def _layer_sizes(op, rows: dict[str, int], tp: int, ep: int) -> dict:
+def _layer_sizes(op, rows: dict[str, int], tp: int, ep: int, kv_heads: int) -> dict:
     """The engine layer a weight loads into, as its FP8 block validator sees it."""
     n, k = op.shape
     module = op.tensor[: -len(".weight")]
@@ -73,10 +73,11 @@ def _layer_sizes(op, rows: dict[str, int], tp: int, ep: int) -> dict:
         moe_tp = max(1, tp // ep)
         return {"kind": "moe", "tp": moe_tp, "inter": (n if op.family == "experts.gate_up" else k) // moe_tp}
     base = dict(kind="linear", tp=tp, input_size=k, input_size_per_partition=k, output_size=n, parts=[n // tp])
-    if module.endswith(QKV):
+    if module.endswith(QKV):  # QKVParallelLinear: one whole KV head per rank where tp exceeds the KV heads
         prefix = module.rsplit(".", 1)[0]
-        sizes = [rows[f"{prefix}.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj")]
-        return dict(base, output_size=sum(sizes), parts=[s // tp for s in sizes])
+        q, k, v = (rows[f"{prefix}.{p}.weight"] for p in ("q_proj", "k_proj", "v_proj"))
+        kv_tp = tp if tp < kv_heads else kv_heads
+        return dict(base, output_size=q + k + v, parts=[q // tp, k // kv_tp, v // kv_tp])
     if module.endswith(MERGED):
         return dict(base, output_size=2 * n, parts=[n // tp, n // tp])
     if module.endswith(COLUMN):
@@ -155,7 +156,9 @@ def test_engines_refuse_exactly_what_pcc_says(tmp_path):
         plan, warned = _plan(tmp_path / f"{model}-{tp}-{ep}", model, tp, ep)
         weights = _weights(plan)
         rows = {op.tensor: op.shape[0] for op in plan.catalog.operators if len(op.shape) == 2}
-        runs.append((tp, ep, warned, weights, rows, [_layer_sizes(op, rows, tp, ep) for op in weights]))
+        kv = plan.catalog.num_key_value_heads
+        runs.append((tp, ep, warned, weights, rank_rows(plan.catalog, tp),
+                     [_layer_sizes(op, rows, tp, ep, kv) for op in weights]))
     unique = {json.dumps(c, sort_keys=True): c for run in runs for c in run[-1]}
     vllm = dict(zip(unique, _vllm_refuses(list(unique.values()))))
     validate = _sglang_validator()
@@ -172,8 +175,9 @@ def test_engines_refuse_exactly_what_pcc_says(tmp_path):
         assert bool(warned) == bool(refused or padded)
         assert not refused or f"SGLang and vLLM refuse {refused}:" in warned[0]
         totals.append(refused)
-    # tiny_moe: k/v and experts 64 wide; Qwen3 experts at tp 4 (192), not at tp 4 ep 4; DeepSeek fine at tp 8, not at 32
-    assert [bool(t) for t in totals] == [True, True, False, False, True]
+    # tiny_moe: k/v and experts 64 wide; Qwen3 experts at tp 4 (192), not at tp 4 ep 4, nor at tp 8 (its 4 KV heads
+    # replicated: one whole head per rank); DeepSeek fine at tp 8, not at 32
+    assert [bool(t) for t in totals] == [True, True, False, False, False, True]
 
 
 @pytest.mark.parametrize("shape", [(576, 7168), (200, 256), (64, 128), (256, 320), (128, 7168)])
