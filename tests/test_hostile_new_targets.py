@@ -92,3 +92,15 @@ def test_an_internal_error_is_one_line(monkeypatch, capsys):
     assert main(["import", "te", str(ROOT / "README.md"), "--model", "tiny_moe"]) == 3
     err = capsys.readouterr().err
     assert err == "pcc: internal error: ValueError: first line second line (please report)\n", err
+
+
+@pytest.mark.parametrize("flag", [["--steps", "3"], ["--seed", "1"], ["-o", "somewhere"], ["--no-plots"],
+                                  ["--model", "tiny_dense"], ["--resume"]])
+@pytest.mark.parametrize("target", ["verl", "miles"])
+def test_a_launcher_target_refuses_the_embedded_runtimes_flags(flag, target, capsys):
+    """`pcc run B --target verl --steps 3` ran the job with verl's own step count: the flag was dropped silently."""
+    from pcc.cli import main
+
+    contract = ROOT / "contracts" / ("verl/tiny_cpu.prec" if target == "verl" else "tiny_cpu.prec")
+    assert main(["run", str(contract), "--target", target, "--dry-run", *flag]) == 2
+    assert f"--target {target} does not run" in capsys.readouterr().err

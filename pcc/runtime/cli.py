@@ -155,7 +155,19 @@ def _fault(text: str | None):
     return Fault(int(version), kind, tensor)
 
 
+# The embedded runtime's own flags, at their defaults: a launcher target (miles, verl) takes none of them
+EMBEDDED_ONLY = {"model": "auto", "seed": 0, "prompts": None, "group": None, "lr": None, "temperature": None,
+                 "steps": 30, "out": None, "resume": False, "force": False, "no_plots": False, "inject_fault": None,
+                 "crash_at": None}
+
+
 def cmd_run(args, rep) -> int:
+    if args.target != "embedded":  # never ignored silently, as the embedded target refuses --dry-run and '--'
+        given = [k for k, default in EMBEDDED_ONLY.items() if getattr(args, k, default) != default]
+        if given:
+            flag = "-o/--out" if given[0] == "out" else "--" + given[0].replace("_", "-")
+            raise rep.usage(f"{flag}: a flag of the embedded runtime, which --target {args.target} does not run; "
+                            "the job's own settings go after '--' (or in its job file)")
     return RUN_TARGETS[args.target](args, rep)
 
 
