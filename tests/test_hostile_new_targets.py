@@ -104,3 +104,27 @@ def test_a_launcher_target_refuses_the_embedded_runtimes_flags(flag, target, cap
     contract = ROOT / "contracts" / ("verl/tiny_cpu.prec" if target == "verl" else "tiny_cpu.prec")
     assert main(["run", str(contract), "--target", target, "--dry-run", *flag]) == 2
     assert f"--target {target} does not run" in capsys.readouterr().err
+
+
+TE_FILE = """configs:
+  fp8:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe:
+      fp8_quantization_recipe: tensorwise
+matchers:
+  m1:
+    type: glob
+    enabled: true
+    pattern: "*"
+    config: CONFIG
+"""
+
+
+@pytest.mark.parametrize("config", ["[fp8]", "{a: 1}"])
+def test_te_import_of_a_matcher_whose_config_is_not_a_name(tmp_path, config, capsys):
+    """A matcher's `config` as a list or mapping was an internal error (unhashable type)."""
+    from pcc.cli import main
+
+    (tmp_path / "te.yaml").write_text(TE_FILE.replace("CONFIG", config))
+    assert main(["import", "te", str(tmp_path / "te.yaml"), "--model", "tiny_moe"]) == 1
+    assert "error[PCC801]" in capsys.readouterr().err

@@ -117,7 +117,8 @@ def read_precision_file(path: str, imp: Imported) -> PrecisionFile:
             continue
         if m.get("type") != "glob":
             fail(f"matcher {key}: type {m.get('type')!r}; megatron-core implements glob matchers only", at)
-        if not isinstance(m.get("pattern"), str) or m.get("config") not in pf.recipes:
+        config = m.get("config")
+        if not isinstance(m.get("pattern"), str) or not isinstance(config, str) or config not in pf.recipes:
             fail(f"matcher {key} needs a 'pattern' string and a 'config' naming one of configs "
                  f"({', '.join(pf.recipes)})", at)
         pf.matchers.append((key, m["pattern"], m["config"]))
