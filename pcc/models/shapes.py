@@ -11,10 +11,12 @@ from collections.abc import Callable
 from pcc.models.base import lm_config
 
 # Model types whose configs these formulas are known to describe; checkpoints
-# of other types keep the shapes their safetensors headers declare.
+# of other types keep the shapes their safetensors headers declare. "deepseek" is DeepSeek-MoE v1
+# (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM, trust_remote_code): q/k/v/o attention, no MLA,
+# DeepSeek's MoE names and layer rule (first_k_dense_replace, moe_layer_freq), shared experts fused.
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe",
-    "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "gpt_oss",
+    "deepseek", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "gpt_oss",
 })
 
 
