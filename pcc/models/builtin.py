@@ -75,7 +75,8 @@ def tensor_names(config: dict) -> tuple[list[str], list[str]]:
     for layer in range(c["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         modules = ["input_layernorm", "post_attention_layernorm", *attention]
-        layer_extras = [*attention_extras, *_LAYER_EXTRAS.get(c.get("model_type"), ())]
+        # (gpt-oss: attention_bias and its own list both name the q/k/v biases; each is listed once)
+        layer_extras = list(dict.fromkeys([*attention_extras, *_LAYER_EXTRAS.get(c.get("model_type"), ())]))
         if _is_moe_layer(c, layer):
             modules.append(router)
             if c.get("topk_method") == "noaux_tc" or c.get("model_type") in _CORRECTION_BIAS_TYPES:

@@ -19,6 +19,7 @@ with only the index, the names alone (`recognize_names`).
 | nvfp4 | `P.weight` U8 [N, K/2] (element 2i low nibble), `P.weight_scale` F8_E4M3 [N, K/16], `P.weight_scale_2` F32 [] | (e2m1 x e4m3 scale of its 16) x scale_2 |
 | int4 | `P.weight_packed` I32 [N, K/8], `P.weight_scale` [N, K/G], `P.weight_shape` I64 [2], opt. `P.weight_zero_point` I32 [ceil(N/8), K/G] | (q - zp) x scale of its G |
 | mxfp4 | `L.mlp.experts.{gate_up,down}_proj_blocks` U8 [E, rows, K/32, 16], `..._scales` U8 E8M0 [E, rows, K/32] | e2m1 x 2^(e-127); expert j's gate = rows 2r, up = rows 2r+1 |
+| fused (wide) | `L.mlp.experts.gate_up_proj` [E, K=hidden, 2N] and `L.mlp.experts.down_proj` [E, K=inter, N=hidden], BF16/F16/F32, no `.weight` (gpt-oss as transformers' `GptOssForCausalLM.save_pretrained` writes it) | as stored; expert j's gate = `gate_up_proj[j][:, 0::2].T`, up = `[:, 1::2].T`, down = `down_proj[j].T` |
 
 The mxfp4 logical tensors are per expert (`L.mlp.experts.j.{gate,up,down}_proj.weight`): gpt-oss's fused
 experts become expert operators, so `experts : mxfp4` and per-expert byte and parameter counts work as
@@ -40,6 +41,8 @@ from pcc.models.base import CatalogError, inside
 # Logical dtype of a weight stored by each kind (the catalog's `Operator.dtype`; pcc.plan.tensors maps them
 # to their wide form, BF16).
 DTYPES = {"fp8_block": "fp8_e4m3", "fp8_tensor": "fp8_e4m3", "nvfp4": "nvfp4", "int4": "int4", "mxfp4": "mxfp4"}
+# A wide source stored fused (gpt-oss BF16): not quantized, its logical dtype is the stored one (`Encoding.wide`).
+_WIDE_DTYPES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 SUPPORTED = ("fp8 (weight_block_size or per-tensor), modelopt NVFP4/FP8, compressed-tensors pack-quantized "
              "INT4, mxfp4 (gpt-oss)")
 ST_ITEM = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -49,6 +52,7 @@ _FLOAT_SCALE = ("F32", "BF16", "F16")
 _PART_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".weight_scale_2", ".input_scale", ".weight_shape",
                   ".weight_zero_point", ".weight_g_idx")
 _FUSED = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)_(blocks|scales)")
+_FUSED_WIDE = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
 
 
 class QuantizedError(CatalogError):
@@ -61,7 +65,7 @@ class QuantizedError(CatalogError):
 class Encoding:
     """How one logical weight is stored in a quantized source."""
 
-    kind: str  # a key of DTYPES
+    kind: str  # a key of DTYPES, or "fused": a wide fused experts tensor (dtype `wide`)
     name: str  # the logical tensor, `P.weight` (mxfp4: one expert's `...experts.j.gate_proj.weight`)
     shape: tuple[int, int]  # its real [N, K]
     parts: tuple[tuple[str, str], ...]  # (role, source tensor name): weight, scale, scale_2, input_scale, zero_point
@@ -69,11 +73,12 @@ class Encoding:
     pow2: bool = False  # fp8_block: scales are powers of two (`scale_fmt ue8m0`)
     symmetric: bool = True  # int4: no zero point
     expert: int | None = None  # mxfp4: the expert's index into the fused tensors
-    rows: str = "all"  # mxfp4: "even" (gate), "odd" (up) or "all" (down) rows of that expert
+    rows: str = "all"  # mxfp4: "even" (gate), "odd" (up) or "all" (down) rows of that expert; fused: columns
+    wide: str | None = None  # fused: the stored dtype (bf16, fp16, fp32)
 
     @property
     def dtype(self) -> str:
-        return DTYPES[self.kind]
+        return self.wide or DTYPES[self.kind]
 
     def part(self, role: str) -> str | None:
         return dict(self.parts).get(role)
@@ -138,6 +143,8 @@ def _recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -
             _see_int4(view, name, e, entries, qc, method, where, read_small)
         elif name.endswith("_proj_blocks") and ".experts." in name:
             _see_mxfp4(view, name, e, entries, method, where)
+        elif _FUSED_WIDE.fullmatch(name) and dt in _WIDE_DTYPES:
+            _see_fused_wide(view, name, e, entries)
         elif method == "fp8" and name.endswith(".weight") and dt not in _FLOAT_SCALE and len(shape) == 2:
             raise QuantizedError(f"{root}: {name} is {dt}; a quant_method fp8 source stores weights as F8_E4M3")
     return view
@@ -317,6 +324,27 @@ def _see_mxfp4(view: View, blocks: str, e: dict, entries: dict, method, where) -
     view.consumed.update((blocks, scales))
 
 
+def _see_fused_wide(view: View, name: str, e: dict, entries: dict) -> None:
+    """gpt-oss as transformers saves it: `L.mlp.experts.gate_up_proj` [E, H, 2I] (gate columns even, up odd)
+    and `L.mlp.experts.down_proj` [E, I, H], stored input-major (x @ W): expert j's logical weights are the
+    per-expert `L.mlp.experts.j.{gate,up,down}_proj.weight` [N, K] of the MXFP4 layout, the transposes."""
+    base, fused = _FUSED_WIDE.fullmatch(name).groups()
+    shape = e["shape"]
+    _check(len(shape) == 3, f"{name}: {e['dtype']} {shape}; fused experts are [E, K, N]")
+    ne, k, rows = shape
+    if fused == "gate_up_proj":
+        _check(rows % 2 == 0, f"{name}: {rows} columns; gate and up columns interleave, so they are even")
+        outs = (("gate_proj", "even", rows // 2), ("up_proj", "odd", rows // 2))
+    else:
+        outs = (("down_proj", "all", rows),)
+    for j in range(ne):
+        for proj, parity, n in outs:
+            logical = f"{base}.{j}.{proj}.weight"
+            view.encodings[logical] = Encoding("fused", logical, (n, k), (("weight", name),), expert=j, rows=parity,
+                                               wide=_WIDE_DTYPES[e["dtype"]])
+    view.consumed.add(name)
+
+
 def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     """The logical view of an index without shards: ({logical weight: dtype}, the names an encoding
     consumes). Only the names are known, so shapes come from config.json; a fused mxfp4 experts tensor
@@ -325,13 +353,14 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     weights: dict[str, str] = {}
     consumed: set[str] = set()
     for name in names:
-        m = _FUSED.fullmatch(name)
+        m = _FUSED.fullmatch(name) or _FUSED_WIDE.fullmatch(name)
         if m:
             consumed.add(name)
             base, fused = m[1], m[2]
             count = _expert_count(config)
             projs = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
-            weights.update({f"{base}.{j}.{p}.weight": "mxfp4" for j in range(count) for p in projs})
+            dtype = "mxfp4" if name.endswith(("_blocks", "_scales")) else _config_dtype(config)
+            weights.update({f"{base}.{j}.{p}.weight": dtype for j in range(count) for p in projs})
         elif name.endswith(".weight_packed"):
             consumed.add(name)
             weights[name[: -len("_packed")]] = "int4"
@@ -346,11 +375,17 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     return weights, consumed
 
 
+def _config_dtype(config: dict) -> str:
+    from pcc.models.base import config_dtype
+
+    return config_dtype(config)
+
+
 def _expert_count(config: dict) -> int:
     c = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     count = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
     if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
-        raise QuantizedError("config.json: fused MXFP4 experts in the index, but no expert count "
+        raise QuantizedError("config.json: fused experts in the index, but no expert count "
                              "(num_local_experts) to split them by")
     return count
 
