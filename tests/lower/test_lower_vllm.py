@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,63 @@ def test_override_methods_are_vllms(vllm_checked):
                                        {"config": fp8, "flag": "compressed-tensors", "model_type": "qwen3_moe"}])
     assert out["quant"][0]["method"] == "modelopt_fp4" and "modelopt_fp4" in tables()["override_methods"]
     assert "does not match" in out["quant"][1]["error"] and "fp8" not in tables()["override_methods"]
+
+
+# verify_vllm's child, reading one more EngineArgs field, then vLLM's own get_max_tokens (the serving
+# code's min) on what it parsed: override_max_tokens is override_generation_config["max_new_tokens"]
+# under the default --generation-config auto (entrypoints/openai/completion/serving.py __init__).
+_CAP_CHILD = """
+import json, sys
+from pcc.lower import verify_vllm as v
+v._FIELDS += ("override_generation_config", "generation_config")
+request = json.loads(sys.stdin.read())
+out = v._child(request)
+from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+for got in out["args"]:
+    if "error" not in got:
+        cap = got["override_generation_config"].get("max_new_tokens")
+        got["served"] = {str(asked): get_max_tokens(40960, asked, 100, {"max_tokens": cap}, cap)
+                         for asked in (None, 64, 10 ** 6)}
+print(json.dumps(out, default=str))
+"""
+
+
+@pytest.mark.engines
+def test_vllm_caps_every_request_at_max_tokens(vllm_checked):
+    """rollout max_tokens is --override-generation-config '{"max_new_tokens": N}': vLLM's parser reads
+    the JSON, and its get_max_tokens gives a request asking for more N, one asking for less its own."""
+    from pcc.lower import verify_vllm
+
+    plans = vllm_checked["plans"]
+    names = sorted(k for k in plans if plans[k].contract.rollout.max_tokens)
+    assert names == ["bf16_baseline", "glm52_fp8_rollout", "tiny_cpu", "unified_fp8"]  # their parents set it
+    bad = ["--override-generation-config", "{max_new_tokens: 1}"]  # not JSON: vLLM's parser refuses it
+    request = {"dir": str(verify_vllm.engine_dir()), "args": [lower(plans[k], "vllm").args for k in names] + [bad],
+               "quant": []}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", _CAP_CHILD], input=json.dumps(request), capture_output=True,
+                          text=True, timeout=verify_vllm.TIMEOUT_S, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    *got, refused = json.loads(proc.stdout.strip().splitlines()[-1])["args"]
+    assert "error" in refused and "override-generation-config" in refused["error"]
+    expected = {"bf16_baseline": 16384, "glm52_fp8_rollout": 16384, "tiny_cpu": 256, "unified_fp8": 16384}
+    for name, g in zip(names, got):
+        n = expected[name]
+        assert "error" not in g, (name, g)
+        assert g["override_generation_config"] == {"max_new_tokens": n} and g["generation_config"] == "auto"
+        assert g["served"] == {"None": n, "64": 64, str(10 ** 6): n}, name
+    without = next(k for k in plans if not plans[k].contract.rollout.max_tokens)
+    assert "--override-generation-config" not in lower(plans[without], "vllm").args
+
+
+def test_launch_script_passes_the_generation_cap_as_one_argument(tmp_path):
+    low = lower(_plan(ROOT / "contracts" / "vllm" / "tiny_cpu.prec"), "vllm")
+    assert "--override-generation-config '{\"max_new_tokens\": 256}'" in low.files[LAUNCH]  # shell-quoted
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "fp8"}}))
+    out = _run_launch(tmp_path, low.files[LAUNCH], {"PCC_ROLLOUT_CHECKPOINT": str(ckpt)})
+    assert out.returncode == 0, out.stderr.decode()
+    argv = out.stdout.decode().split("\0")[:-1]
+    assert argv[argv.index("--override-generation-config") + 1] == '{"max_new_tokens": 256}'
+    assert argv == ["serve", str(ckpt), *low.args, "LORA="]

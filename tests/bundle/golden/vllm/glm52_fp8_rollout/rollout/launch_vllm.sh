@@ -20,5 +20,6 @@ exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
   --pipeline-parallel-size 1 \
   --data-parallel-size 1 \
   --enable-expert-parallel \
+  --override-generation-config '{"max_new_tokens": 16384}' \
   --enable-return-routed-experts \
   ${extra[@]+"${extra[@]}"} "$@"

@@ -19,5 +19,6 @@ exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
   --tensor-parallel-size 1 \
   --pipeline-parallel-size 1 \
   --data-parallel-size 1 \
+  --override-generation-config '{"max_new_tokens": 256}' \
   --enable-return-routed-experts \
   ${extra[@]+"${extra[@]}"} "$@"
