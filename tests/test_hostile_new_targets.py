@@ -128,3 +128,26 @@ def test_te_import_of_a_matcher_whose_config_is_not_a_name(tmp_path, config, cap
     (tmp_path / "te.yaml").write_text(TE_FILE.replace("CONFIG", config))
     assert main(["import", "te", str(tmp_path / "te.yaml"), "--model", "tiny_moe"]) == 1
     assert "error[PCC801]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, value, words", [
+    ("      tensor_model_parallel_size: 2", "0", "trainer.parallel.tp 0"),
+    ("    tensor_model_parallel_size: 4", "99999999999999999999", "rollout.parallel.tp"),
+    ("  max_response_length: 4096", "-1", "rollout.max_tokens -1"),
+    ("    rollout_is_threshold: 2.5", "-1", "correction.clip"),
+    ("    rollout_is_threshold: 2.5", ".nan", "finite number"),
+    ("    rollout_is_threshold: 2.5", ".inf", "finite number"),
+])
+def test_verl_import_of_a_value_no_contract_states(tmp_path, line, value, words, capsys):
+    """Out-of-range values were pydantic's ValidationError, an internal error (exit 3); an infinite
+    threshold was written as a contract `pcc check` refuses."""
+    sys.path.insert(0, str(ROOT / "tests" / "importer"))
+    from test_verl import EXAMPLE
+
+    from pcc.cli import main
+
+    assert line + "\n" in EXAMPLE
+    (tmp_path / "job.yaml").write_text(EXAMPLE.replace(line + "\n", line.rsplit(" ", 1)[0] + f" {value}\n"))
+    assert main(["import", "verl", str(tmp_path / "job.yaml"), "--model", "qwen3_30b_a3b"]) == 1
+    err = capsys.readouterr().err
+    assert "error[PCC801]" in err and words in err, err

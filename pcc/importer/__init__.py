@@ -85,7 +85,20 @@ def read_json(path: Path, what: str) -> dict:
 
 
 def import_source(kind: str, source: str, model: str | None = None, hardware: str | None = None) -> Imported:
-    """Import `source` of `kind`; raises ImportFailed (or pcc.models.CatalogError) when it cannot."""
+    """Import `source` of `kind`; raises ImportFailed (or pcc.models.CatalogError) when it cannot: a value
+    the contract's model refuses (a parallel size 0, a clip -1) is PCC801 naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return _import(kind, source, model, hardware)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(map(str, err["loc"]))
+        raise ImportFailed(f"{source}: the source gives {field} {err.get('input')!r}, which a contract cannot state: "
+                           f"{err['msg']}", path=field, file=source) from None
+
+
+def _import(kind: str, source: str, model: str | None, hardware: str | None) -> Imported:
     if kind == "checkpoint":
         from pcc.importer.checkpoint import import_checkpoint
 

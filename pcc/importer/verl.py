@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from pathlib import Path
 
@@ -122,11 +123,14 @@ def _typed(imp: Imported, v: _View, key: str, kind, default=None):
         return float(value)
     if kind is float and isinstance(value, str):
         try:
-            return float(value)
+            value, ok = float(value), True
         except ValueError:
             pass
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        ok = False  # NaN or infinity: no contract states it
     if value is not None and not ok:
-        raise ImportFailed(f"{imp.source}: {key} is {value!r}; verl takes {'a number' if kind is float else kind.__name__}",
+        raise ImportFailed(f"{imp.source}: {key} is {value!r}; verl takes "
+                           f"{'a finite number' if kind is float else kind.__name__}",
                            path=key, file=imp.source, span=v.span(key))
     return value
 
@@ -433,8 +437,10 @@ def _correction(imp: Imported, v: _View) -> None:
             corr = {"kind": "mis", "clip": hi, "low": lo}
         else:
             corr = {"kind": "tis", "clip": float(th)}
+        if not all(math.isfinite(x) for x in (corr["clip"], corr.get("low", 0.0))):
+            raise ValueError(th)
     except (TypeError, ValueError):
-        raise ImportFailed(f"{imp.source}: rollout_is_threshold {th!r} is neither a number (TIS) nor 'lower_upper' "
+        raise ImportFailed(f"{imp.source}: rollout_is_threshold {th!r} is neither a finite number (TIS) nor 'lower_upper' "
                            "(IcePop)", path=key, file=imp.source, span=v.span(key)) from None
     if level != "token":
         corr["level"] = level
