@@ -80,7 +80,7 @@ def verify_quantization_config(cfg: dict, flag: str | None, model_type: str) -> 
 
 _FIELDS = ("dtype", "quantization", "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size",
            "data_parallel_size", "enable_expert_parallel", "enable_lora", "max_lora_rank", "lora_target_modules",
-           "enable_return_routed_experts")
+           "enable_return_routed_experts", "override_generation_config", "generation_config")
 
 
 def _child(request: dict) -> dict:

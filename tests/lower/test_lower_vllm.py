@@ -275,13 +275,11 @@ def test_override_methods_are_vllms(vllm_checked):
     assert "does not match" in out["quant"][1]["error"] and "fp8" not in tables()["override_methods"]
 
 
-# verify_vllm's child, reading one more EngineArgs field, then vLLM's own get_max_tokens (the serving
-# code's min) on what it parsed: override_max_tokens is override_generation_config["max_new_tokens"]
+# verify_vllm's child, then vLLM's own get_max_tokens (the serving code's min) on what it parsed: override_max_tokens is override_generation_config["max_new_tokens"]
 # under the default --generation-config auto (entrypoints/openai/completion/serving.py __init__).
 _CAP_CHILD = """
 import json, sys
 from pcc.lower import verify_vllm as v
-v._FIELDS += ("override_generation_config", "generation_config")
 request = json.loads(sys.stdin.read())
 out = v._child(request)
 from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
