@@ -12,6 +12,7 @@ would have the wrong shape; built and saved (BF16, four shards) by transformers 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -186,5 +187,31 @@ def test_convert_experts_mxfp4_loads_in_transformers(saved, tmp_path, capsys):
     loaded.load_state_dict(state, strict=True)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ref, got = model.float()(ids).logits, loaded(ids).logits
+        ref, got = copy.deepcopy(model).float()(ids).logits, loaded(ids).logits
     assert (got - ref).abs().max() <= 0.1 * ref.abs().max()
+
+
+@pytest.mark.xfail(strict=True, reason="needs the 'fused' reader in pcc.convert.quantized and the fused BF16 gpt-oss "
+                                       "expert layout in pcc.plan.tensors (pcc writes per-expert names today, "
+                                       "which GptOssForCausalLM does not load)")
+def test_convert_experts_kept_bf16_loads_in_gpt_oss_for_causal_lm(saved, tmp_path, capsys):
+    """Experts kept wide: the rollout checkpoint is transformers' own BF16 layout, every tensor the source's
+    bytes, loaded by `from_pretrained` with nothing missing or unexpected and the same logits."""
+    shards, _, _ = saved
+    contract = tmp_path / "convert.prec"
+    contract.write_text(f'contract c {{\n  model from "{shards}"\n  hardware B200\n  rollout sglang {{\n    all : bf16\n'
+                        "  }\n  trainer megatron {\n    gemm : bf16\n  }\n  routing replay rollout\n}\n", encoding="utf-8")
+    dst = tmp_path / "rollout"
+    code = main(["convert", str(contract), "--source", str(shards), "-o", str(dst), "--json"])
+    assert code == 0, capsys.readouterr().out
+    source, written = _tensors(shards), _tensors(dst)
+    assert sorted(written) == sorted(source)
+    for name, t in source.items():
+        assert written[name].dtype == t.dtype and torch.equal(written[name], t), name
+    loaded, info = transformers.GptOssForCausalLM.from_pretrained(str(dst), dtype=torch.bfloat16,
+                                                                  output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    ref = transformers.GptOssForCausalLM.from_pretrained(str(shards), dtype=torch.bfloat16).eval()  # loaded alike
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(ids).logits, ref(ids).logits)
