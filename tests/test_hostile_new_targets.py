@@ -151,3 +151,42 @@ def test_verl_import_of_a_value_no_contract_states(tmp_path, line, value, words,
     assert main(["import", "verl", str(tmp_path / "job.yaml"), "--model", "qwen3_30b_a3b"]) == 1
     err = capsys.readouterr().err
     assert "error[PCC801]" in err and words in err, err
+
+
+@pytest.fixture(scope="module")
+def bundles(verl_job, tmp_path_factory):
+    """framework -> the bundle of its tiny_cpu contract."""
+    from pcc.cli import main
+
+    miles = tmp_path_factory.mktemp("miles-job") / "bundle"
+    assert main(["compile", str(ROOT / "contracts" / "tiny_cpu.prec"), "-o", str(miles)]) == 0
+    return {"verl": verl_job, "miles": miles}
+
+
+INJECTED = "x\ntouch /tmp/pwned #"
+SETS_AGAIN = {"verl": [f"actor_rollout_ref.rollout.name={INJECTED}"],
+              "miles": ["--tensor-model-parallel-size", INJECTED]}
+
+
+@pytest.mark.parametrize("where", ["argument", "job variable"])
+@pytest.mark.parametrize("framework", ["verl", "miles"])
+def test_a_dry_run_is_comments_the_environment_and_the_command_only(bundles, framework, where, tmp_path,
+                                                                    monkeypatch, capsys):
+    """A newline in an argument (listed as a value set again) or in $PCC_*_JOB ended the dry run's comment:
+    the rest of the value was a bare line (`touch /tmp/pwned # ...`) that a pasted dry run runs."""
+    import shlex
+
+    from pcc.cli import main
+
+    variable = {"verl": "PCC_VERL_JOB", "miles": "PCC_MILES_JOB"}[framework]
+    monkeypatch.setenv(variable, str(tmp_path / INJECTED) if where == "job variable" else "")
+    extra = SETS_AGAIN[framework] if where == "argument" else []
+    argv = ["run", str(bundles[framework]), "--target", framework, "--dry-run"]
+    assert main([*argv, "--json", "--", *extra]) == 0
+    launch = json.loads(capsys.readouterr().out)["result"]
+    assert main([*argv, "--", *extra]) == 0
+    lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    env_lines = {f"{k}={shlex.quote(v)}" for k, v in launch["env"].items()}
+    n = next(i for i, line in enumerate(lines) if not (line.startswith("#") or line in env_lines))
+    assert shlex.split("\n".join(lines[n:])) == launch["command"], lines[n:]
+    assert any("touch /tmp/pwned" in line for line in lines[:n])  # the value is shown, escaped, in its comment

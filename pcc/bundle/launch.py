@@ -104,11 +104,18 @@ def _job_missing(env: dict[str, str], variable: str, what: str) -> list[str]:
     return [f"{variable}={job}: no such file (the job file: {what})"] if job and not Path(job).is_file() else []
 
 
+def shown(text: str, quote: Callable[[str], str] = str) -> str:
+    """`text` for a dry run's comment line: `quote(text)` when every character is printable, else Python's
+    escaped one-line form ('a\\nb'), so a newline in a value never ends the comment (a pasted dry run would
+    run the rest as a command)."""
+    return quote(text) if text.isprintable() else repr(text)
+
+
 def _job_comments(job: Path | None, variable: str, changed: list[dict]) -> list[str]:
     """The dry run's lines on the job file and on every value the job or the command line sets again."""
-    out = [f"# job file: {shlex.quote(str(job)) if job else f'none (set {variable}, or write {JOB_FILE} beside the bundle)'}"]
-    return out + [f"# {o['flag']}: the {o['from']} sets {o['now'] or '(no value)'} over the bundle's "
-                  f"{o['bundle'] or '(no value)'}" + (f" (the contract's {o['field']})" if o.get("field") else "")
+    out = [f"# job file: {shown(str(job), shlex.quote) if job else f'none (set {variable}, or write {JOB_FILE} beside the bundle)'}"]
+    return out + [f"# {shown(o['flag'])}: the {o['from']} sets {shown(o['now'] or '(no value)')} over the bundle's "
+                  f"{shown(o['bundle'] or '(no value)')}" + (f" (the contract's {o['field']})" if o.get("field") else "")
                   for o in changed]
 
 
@@ -187,7 +194,7 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     comments = ["# environment (sent to Ray as the job's runtime env)"]
     comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
     comments += _job_comments(job, JOB_VARIABLE, changed)
-    comments.append(f"# from MILES_DIR={shlex.quote(os.environ.get('MILES_DIR', '<MILES_DIR>'))}")
+    comments.append(f"# from MILES_DIR={shown(os.environ.get('MILES_DIR', '<MILES_DIR>'), shlex.quote)}")
     return Launch(command, launch, env, document, comments, lambda: missing(env))
 
 
