@@ -89,6 +89,9 @@ def read(src, enc: Encoding) -> Encoded:
         if enc.kind == "mxfp4":
             x = src.load_index(t, enc.expert)
             x = {"even": x[0::2], "odd": x[1::2]}.get(enc.rows, x)
+        elif enc.kind == "fused":  # gpt-oss BF16 [E, K, N] (x @ W): expert j's columns, transposed to [N, K]
+            x = src.load_index(t, enc.expert)
+            x = {"even": x[:, 0::2], "odd": x[:, 1::2]}.get(enc.rows, x).T.contiguous()
         else:
             x = src.load(t)
         parts[role] = x
@@ -223,7 +226,11 @@ def _int4(enc: Encoding, p: dict):
         yield r0, r1, _times_blocks(q, scales, r0, enc.block)
 
 
-_DECODE = {"fp8_block": _fp8_block, "fp8_tensor": _fp8_tensor, "nvfp4": _nvfp4, "mxfp4": _mxfp4, "int4": _int4}
+def _fused(enc: Encoding, p: dict):
+    yield 0, enc.shape[0], p["weight"].float()
+
+
+_DECODE = {"fused": _fused, "fp8_block": _fp8_block, "fp8_tensor": _fp8_tensor, "nvfp4": _nvfp4, "mxfp4": _mxfp4, "int4": _int4}
 
 
 # ---- the rollout tensors of an encoded weight ----

@@ -162,8 +162,6 @@ def _tensors(directory) -> dict:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="pcc.convert.quantized has no reader for the fused wide encoding "
-                                       "(`_DECODE['fused']`, `read`): `pcc convert` fails with PCC702 'fused'")
 def test_convert_experts_mxfp4_loads_in_transformers(saved, tmp_path, capsys):
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
