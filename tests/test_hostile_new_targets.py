@@ -17,10 +17,11 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
 
 
-def pcc(*argv: str, timeout: float = 60) -> tuple[int, dict]:
-    """`pcc ARGV --json` in a child (a hang is a timeout, not a stuck test run): (exit code, envelope)."""
+def pcc(*argv: str, timeout: float = 60, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    """`pcc ARGV --json` in a child (a hang is a timeout, not a stuck test run), with `env` added to its
+    environment: (exit code, envelope)."""
     p = subprocess.run([sys.executable, "-m", "pcc.cli", *argv, "--json"], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**os.environ, "PCC_THREADS": "1"})
+                       timeout=timeout, cwd=ROOT, env={**os.environ, "PCC_THREADS": "1", **(env or {})})
     assert "Traceback" not in p.stderr, p.stderr
     return p.returncode, json.loads(p.stdout)
 
@@ -190,3 +191,28 @@ def test_a_dry_run_is_comments_the_environment_and_the_command_only(bundles, fra
     n = next(i for i, line in enumerate(lines) if not (line.startswith("#") or line in env_lines))
     assert shlex.split("\n".join(lines[n:])) == launch["command"], lines[n:]
     assert any("touch /tmp/pwned" in line for line in lines[:n])  # the value is shown, escaped, in its comment
+
+
+@pytest.mark.parametrize("kind, words", [("not UTF-8", "not UTF-8 text"), ("sparse", "limit for a job file"),
+                                         ("FIFO", "a FIFO, not a regular file")])
+@pytest.mark.parametrize("framework", ["verl", "miles"])
+def test_a_hostile_job_file_is_refused_naming_it(bundles, framework, kind, words, tmp_path):
+    """A job file not UTF-8 was an internal error (UnicodeDecodeError, exit 3); one the size of the disk was
+    read whole; a FIFO named by $PCC_*_JOB was skipped by the dry run that the launch then refused."""
+    import shutil
+
+    shutil.copytree(bundles[framework], tmp_path / "bundle")
+    job = tmp_path / "job"
+    variable = {"verl": "PCC_VERL_JOB", "miles": "PCC_MILES_JOB"}[framework]
+    env = {variable: str(job)} if kind == "FIFO" else {}
+    if kind == "FIFO":
+        os.mkfifo(job)
+    elif kind == "sparse":
+        with open(job, "wb") as fh:
+            fh.truncate(800 << 20)
+    else:
+        job.write_bytes(b"trainer.total_epochs=1\n\xff\xfe\n")
+    rc, out = pcc("run", str(tmp_path / "bundle"), "--target", framework, "--dry-run", env=env)
+    assert rc == 1 == out["exit_code"], out
+    (d,) = out["diagnostics"]
+    assert d["code"] == "PCC109" and d["message"].startswith(f"{job}: ") and words in d["message"], d

@@ -36,6 +36,8 @@ from pcc.lower.miles import JOB_VARIABLE, MODEL_ARGS
 from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE
 from pcc.lower.verify_verl import VERSION as VERL_VERSION
 
+MAX_JOB = 1 << 20  # a job file: overrides or flags, a few hundred bytes; a larger file is not one
+
 NEEDED = {
     "PCC_ROLLOUT_CHECKPOINT": "build it with: pcc convert BUNDLE --from <bf16 checkpoint> --to <dir>",
     "PCC_REF_LOAD": "the BF16 trainer weights (Megatron checkpoint or HF directory)",
@@ -96,7 +98,18 @@ def _job(source: str, env: dict[str, str], variable: str, read: Callable[[str], 
     job = job_file(source, env, variable)
     if not is_bundle(source):
         env[variable] = str(job) if job else ""
-    return job, read(job.read_text()) if job and job.is_file() else []
+    return job, read(_job_text(job)) if job and job.exists() else []
+
+
+def _job_text(job: Path) -> str:
+    """The job file's text, read through pcc.lang.inputs: a regular file of at most MAX_JOB bytes, UTF-8;
+    InputError (PCC109) naming it otherwise."""
+    from pcc.lang.inputs import InputError, read_bytes
+
+    try:
+        return read_bytes(job, MAX_JOB, "job file").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{job}: the job file is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _job_missing(env: dict[str, str], variable: str, what: str) -> list[str]:
