@@ -49,6 +49,8 @@ NO_FIXTURE = {
     "PCC714": "a checkpoint file outside its directory",
     # a model pcc.lower.fsdp_apply refuses: tests/lower/test_fsdp_apply.py checks it on a real model
     "PCC715": "a model that does not match trainer/fsdp.json",
+    # a verl launch argument that replaces the trainer config the contract decides: tests/test_hostile_new_targets.py
+    "PCC716": "a launch argument that switches verl's trainer config",
     # a target lowered directly for a contract that names another engine (no contract does that;
     # tests/lower/test_lower_fsdp.py lowers a Megatron contract for fsdp)
     "PCC611": "a target asked to lower a contract whose engine is another",

@@ -19,9 +19,10 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 def pcc(*argv: str, timeout: float = 60, env: dict[str, str] | None = None) -> tuple[int, dict]:
     """`pcc ARGV --json` in a child (a hang is a timeout, not a stuck test run), with `env` added to its
-    environment: (exit code, envelope)."""
-    p = subprocess.run([sys.executable, "-m", "pcc.cli", *argv, "--json"], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**os.environ, "PCC_THREADS": "1", **(env or {})})
+    environment: (exit code, envelope). --json goes before any `--`."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = subprocess.run([sys.executable, "-m", "pcc.cli", *argv[:cut], "--json", *argv[cut:]], capture_output=True,
+                       text=True, timeout=timeout, cwd=ROOT, env={**os.environ, "PCC_THREADS": "1", **(env or {})})
     assert "Traceback" not in p.stderr, p.stderr
     return p.returncode, json.loads(p.stdout)
 
@@ -216,3 +217,28 @@ def test_a_hostile_job_file_is_refused_naming_it(bundles, framework, kind, words
     assert rc == 1 == out["exit_code"], out
     (d,) = out["diagnostics"]
     assert d["code"] == "PCC109" and d["message"].startswith(f"{job}: ") and words in d["message"], d
+
+
+@pytest.mark.parametrize("where", ["command line", "job file"])
+@pytest.mark.parametrize("args", [["--config-name", "ppo_trainer"], ["--config-name=ppo_trainer"], ["-cn", "ppo_trainer"],
+                                  ["-cnppo_trainer"], ["--config-n", "ppo_trainer"], ["--config-path", "/x"],
+                                  ["-cp", "/x"], ["--config-path=/x"]])
+def test_verl_refuses_another_trainer_config(bundles, args, where, tmp_path):
+    """`-- --config-name ppo_trainer` switched verl's trainer config (Hydra takes the later one) while the
+    dry run still said ppo_megatron_trainer."""
+    job = tmp_path / "job"
+    job.write_text("".join(a + "\n" for a in args) if where == "job file" else "")
+    rc, out = pcc("run", str(bundles["verl"]), "--target", "verl", "--dry-run",
+                  *(["--", *args] if where == "command line" else []), env={"PCC_VERL_JOB": str(job)})
+    assert rc == 1 == out["exit_code"], out
+    (d,) = out["diagnostics"]
+    assert d["code"] == "PCC716" and f"the {where} sets {args[0]}" in d["message"], d
+
+
+def test_verl_takes_overrides_that_only_look_like_config_options(bundles, capsys, monkeypatch):
+    from pcc.cli import main
+
+    monkeypatch.setenv("PCC_VERL_JOB", "")
+    extra = ["trainer.project_name=--config-name", "data.cn=-cn"]
+    assert main(["run", str(bundles["verl"]), "--target", "verl", "--dry-run", "--json", "--", *extra]) == 0
+    assert json.loads(capsys.readouterr().out)["result"]["command"][-2:] == extra

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pcc.lang.diagnostics import PccError
 from pcc.lower import JOB_FILE, PATH_VARIABLES
 from pcc.lower.miles import JOB_VARIABLE, MODEL_ARGS
 from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE
@@ -221,6 +222,14 @@ def hydra_keys(args: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _config_option(arg: str) -> bool:
+    """Whether Hydra's argparse reads `arg` as --config-name or --config-path: the option, with `=VALUE`,
+    abbreviated (`--config-n`: argparse's allow_abbrev), or its short form with the value joined (`-cnNAME`)."""
+    flag = re.split(r"[=\s]", arg, maxsplit=1)[0]
+    return flag.startswith(("-cn", "-cp")) or (len(flag) > len("--config-") and any(
+        o.startswith(flag) for o in ("--config-name", "--config-path")))
+
+
 def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     """`python3 -m verl.trainer.main_ppo --config-name CONFIG` with the bundle's Hydra overrides
     (verl/overrides.txt), the job file's and `extra` after them (the job's data, model path, batch sizes:
@@ -238,6 +247,11 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
                    (o[len(env_prefix):].partition("=") for o in own if o.startswith(env_prefix))}
     env = {k: v for k, v in os.environ.items() if k != "PCC_DRY_RUN"}  # launch.sh would print, not run
     job, job_args = _job(source, env, VERL_JOB_VARIABLE, override_lines)
+    for where, args in (("job file", job_args), ("command line", extra)):
+        for a in filter(_config_option, args):
+            raise PccError(f"the {where} sets {shown(a)}: the contract owns verl's trainer config (--config-name "
+                           f"{config}, the actor strategy of its trainer); change the contract's trainer and "
+                           "recompile", code="PCC716")
     bundle_keys = hydra_keys(own)
     changed = overrides(bundle_keys, job_args, "job", hydra_keys) + overrides(bundle_keys, extra, "command line",
                                                                             hydra_keys)
