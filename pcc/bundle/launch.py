@@ -302,9 +302,8 @@ def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra:
         return 1
     try:
         if not (bundle / framework / "launch.sh").is_file():
-            print(f"error: {source}: the contract does not run on {name} (write 'framework {framework}' in it)",
-                  file=sys.stderr)
-            return 1
+            raise PccError(f"{source}: the contract does not run on {name} (write 'framework {framework}' in it)",
+                           code="PCC706")
         launch = build(source, bundle, extra)
         if dry_run:
             if as_json:

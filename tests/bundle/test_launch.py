@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 from pcc.bundle import read_bundle, write_bundle
+from pcc.bundle.launch import LAUNCHERS
 from pcc.cli import main
 from pcc.plan import compile_file
 
@@ -183,6 +184,10 @@ def test_verl_launch_names_what_is_missing_and_refuses_other_bundles(tmp_path, c
     assert d["code"] == "PCC706" and "framework verl" in d["message"]
     assert main(["run", str(ROOT / "contracts/vllm/bf16_baseline.prec"), "--target", "verl", "--dry-run"]) == 1
     assert "does not run on verl" in capsys.readouterr().err
+    for framework, contract in (("verl", "tiny_cpu.prec"), ("miles", "verl/tiny_cpu.prec")):  # a contract file
+        assert main(["run", str(ROOT / "contracts" / contract), "--target", framework, "--dry-run", "--json"]) == 1
+        (d,) = [d for d in json.loads(capsys.readouterr().out)["diagnostics"] if d["severity"] == "error"]
+        assert d["code"] == "PCC706" and f"does not run on {LAUNCHERS[framework][0]}" in d["message"], d
 
 
 VERL_JOB = ("# my GSM8K job\n"
