@@ -242,3 +242,48 @@ def test_verl_takes_overrides_that_only_look_like_config_options(bundles, capsys
     extra = ["trainer.project_name=--config-name", "data.cn=-cn"]
     assert main(["run", str(bundles["verl"]), "--target", "verl", "--dry-run", "--json", "--", *extra]) == 0
     assert json.loads(capsys.readouterr().out)["result"]["command"][-2:] == extra
+
+
+VERL_FSDP = """contract c {
+  model qwen3_30b_a3b
+  hardware H100
+  framework verl
+  rollout vllm {
+    parallel tp 2
+  }
+  trainer fsdp {
+    gemm : bf16
+    PARALLEL
+    optimizer OPTIMIZER
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("parallel, optimizer, code, line", [
+    ("parallel dp 8", "adam distributed", "PCC616", 10),
+    ("parallel gpus 8", "adam distributed", "PCC616", 10),
+    ("parallel dp 1", "sgd", "PCC625", 11),
+    ("parallel dp 1", "adam distributed offload precision_aware", "PCC625", 11),
+])
+def test_verl_fsdp_says_what_its_trainer_parallel_and_optimizer_do_not_set(tmp_path, parallel, optimizer, code,
+                                                                          line, capsys):
+    """`framework verl` with `trainer fsdp { parallel dp 8 }` checked with no warning while verl/overrides.txt
+    set no data-parallel size (verl's FSDP actor takes the job's GPUs); `optimizer sgd` or `precision_aware`
+    ran verl's AdamW silently."""
+    from pcc.cli import main
+
+    (tmp_path / "c.prec").write_text(VERL_FSDP.replace("PARALLEL", parallel).replace("OPTIMIZER", optimizer))
+    rc = main(["check", str(tmp_path / "c.prec"), "--json"])
+    diags = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert rc == (0 if code == "PCC616" else 1), diags
+    assert [(d["code"], d["line"]) for d in diags] == [(code, line)], diags
+
+
+def test_verl_fsdp_on_one_rank_with_adam_checks_clean(tmp_path, capsys):
+    from pcc.cli import main
+
+    (tmp_path / "c.prec").write_text(VERL_FSDP.replace("PARALLEL", "parallel dp 1")
+                                     .replace("OPTIMIZER", "adam distributed"))
+    assert main(["check", str(tmp_path / "c.prec"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["diagnostics"] == []

@@ -16,7 +16,7 @@ import shlex
 
 import yaml
 
-from pcc.lower import JOB_FILE, Lowered, job_file_shell, lower, module_leaf, target, unsupported
+from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.plan import Plan
 from pcc.resources import data_dir
@@ -120,13 +120,34 @@ def _trainer_path(plan: Plan, flag: str) -> str:
     return "trainer.rules" if flag.startswith(("--fp8", "--fp4", "--te-")) else "trainer"
 
 
-def _fsdp(plan: Plan) -> None:
-    """verl's FSDP actor trains in BF16: a quantized trainer GEMM has no verl setting pcc knows."""
+def _fsdp(plan: Plan, notes: list[str], caveats: list[Unsupported]) -> None:
+    """verl's FSDP actor trains in BF16 (a quantized trainer GEMM has no verl setting pcc knows) with torch's
+    AdamW, its state sharded with the parameters (FSDP: `distributed` always holds; the precision-aware
+    optimizer, which `offload` needs, is Megatron's). Its data-parallel size is the job's GPUs
+    (trainer.n_gpus_per_node x trainer.nnodes, fsdp_size -1: all of them), which the bundle does not set:
+    a contract's dp or gpus is PCC616."""
     for comp in ("fprop", "dgrad", "wgrad"):
         for d, _ in plan.used(comp):
             if not d.scheme.wide:
                 unsupported("PCC625", f"verl's FSDP actor runs {comp} in BF16; the contract asks for "
                             f"{d.scheme.format}", d.path, hint="use 'trainer megatron' for a low-precision trainer")
+    t = plan.contract.trainer
+    if t.optimizer.kind != "adam":
+        unsupported("PCC625", f"verl's FSDP actor runs torch's AdamW (actor.optim.optimizer); the contract asks for "
+                    f"{t.optimizer.kind}", "trainer.optimizer", hint="write 'optimizer adam'")
+    if t.optimizer.precision_aware:
+        unsupported("PCC625", "the precision-aware optimizer is Megatron's; verl's FSDP actor has none",
+                    "trainer.optimizer", hint="drop 'precision_aware' (and 'offload'), or use 'trainer megatron'")
+    notes.append("trainer.optimizer: verl's FSDP actor runs AdamW, its state sharded by FSDP over the data-parallel "
+                 "ranks (what 'distributed' asks)")
+    par = t.parallel
+    if par.dp > 1 or par.gpus:
+        n = par.gpus or par.dp
+        caveats.append(Unsupported(
+            f"verl's FSDP actor shards over every GPU the job gives it (trainer.n_gpus_per_node x trainer.nnodes, "
+            f"fsdp_config.fsdp_size -1); the bundle sets neither, so the contract's {n} GPUs are not enforced",
+            "PCC616", "trainer.parallel.gpus" if par.gpus else "trainer.parallel.dp",
+            f"set trainer.n_gpus_per_node and trainer.nnodes in the job file to {n} GPUs in all"))
 
 
 def _rollout(plan: Plan, over: dict, notes: list[str]) -> None:
@@ -250,10 +271,11 @@ def lower_verl(plan: Plan) -> Lowered:
     env: dict[str, str] = {}
     notes: list[str] = [f"--config-name {tab['config_name'][c.trainer.engine]}: verl's actor strategy "
                         f"{c.trainer.engine}"]
+    caveats: list[Unsupported] = []
     if c.trainer.engine == "megatron":
         _megatron(plan, over, env, notes)
     else:
-        _fsdp(plan)
+        _fsdp(plan, notes, caveats)
     _rollout(plan, over, notes)
     if c.routing_replay != "none":
         if c.trainer.engine != "megatron":
@@ -269,7 +291,7 @@ def lower_verl(plan: Plan) -> Lowered:
     args += [f"{tab['env_key']}.{k}={_value(v)}" for k, v in sorted(env.items())]
     config = tab["config_name"][c.trainer.engine]
     files = {OVERRIDES_FILE: "".join(a + "\n" for a in args), LAUNCH: launch_script(config, args)}
-    return Lowered("verl", args=args, env=env, files=files, notes=notes)
+    return Lowered("verl", args=args, env=env, files=files, notes=notes, caveats=caveats)
 
 
 def launch_script(config: str, args: list[str]) -> str:
