@@ -64,9 +64,7 @@ def verify(contract: str, directory: str, source: str | None = None, full: bool 
             report(families[name], name, f"{got['dtype']} {got['shape']}, expected {want[0]} {list(want[1])}")
     for name in sorted(set(out.entries) - set(expected)):
         report("unexpected", name, "not in the converter plan")
-    ops = plan.catalog.operators
-    stored_wide = [op.tensor for op in ops if op.family != "kv_cache" and op.tensor in out.entries
-                   and out.entries[op.tensor]["dtype"] in _WIDE]
+    stored_wide = [e["source"] for e in doc["tensors"] if _stored_wide(e, out.entries)]
     if stored_wide != doc["skip"]:
         extra = sorted(set(stored_wide) - set(doc["skip"]))[:3]
         lacking = sorted(set(doc["skip"]) - set(stored_wide))[:3]
@@ -192,12 +190,20 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     return checked
 
 
+def _stored_wide(e: dict, entries: dict) -> bool:
+    """The operator of converter-plan entry `e` is stored wide: under its own name, or, fused into its targets
+    (gpt-oss BF16 experts, `experts.gate_up_proj` / `down_proj`), every target it is placed in."""
+    names = list(e["targets"]) if "fuse" in e else [e["source"]]
+    return all(n in entries and entries[n]["dtype"] in _WIDE for n in names)
+
+
 def _rows(t, fuse):
-    """A fused MXFP4 tensor -> this expert's rows."""
+    """A fused tensor -> this operator's piece, as the Plan's `fuse` lays it out (pcc.layout.tensors.take_fused)."""
     if fuse is None:
         return t
-    e = t[fuse["expert"]]
-    return {"even": e[0::2], "odd": e[1::2]}.get(fuse["rows"], e)
+    from pcc.layout.tensors import take_fused
+
+    return take_fused(t, fuse)
 
 
 def _bytes(t):

@@ -98,11 +98,25 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor,
 
 
 def place_fused(dst: torch.Tensor, piece: torch.Tensor, fuse: dict) -> None:
-    """Write one expert's rows into a fused [E, rows, ...] tensor (gate rows even, up rows odd)."""
+    """Write one expert's rows into a fused [E, rows, ...] tensor (gate rows even, up rows odd); with
+    `fuse["transposed"]` (gpt-oss BF16, [E, K, N]) its weight's transpose into the columns. `take_fused`
+    reads it back."""
     e, rows = fuse["expert"], fuse["rows"]
-    if rows == "even":
+    if fuse.get("transposed"):  # gpt-oss BF16 [E, K, N]: this expert's weight [N, K] as columns
+        cols = {"even": slice(0, None, 2), "odd": slice(1, None, 2)}.get(rows, slice(None))
+        dst[e][:, cols] = piece.T
+    elif rows == "even":
         dst[e, 0::2] = piece
     elif rows == "odd":
         dst[e, 1::2] = piece
     else:
         dst[e] = piece
+
+
+def take_fused(t: torch.Tensor, fuse: dict) -> torch.Tensor:
+    """One expert's piece of a fused tensor, as `place_fused` wrote it: its rows (gate even, up odd) of
+    [E, rows, ...], or, `fuse["transposed"]`, its columns of [E, K, N] transposed back to [N, K]."""
+    e, rows = t[fuse["expert"]], fuse["rows"]
+    if fuse.get("transposed"):
+        return {"even": e[:, 0::2], "odd": e[:, 1::2]}.get(rows, e).T
+    return {"even": e[0::2], "odd": e[1::2]}.get(rows, e)

@@ -89,6 +89,8 @@ def tensor_targets(plan, i: int) -> dict | None:
         return _mxfp4_targets(plan, i)
     if layout is None or layout != "wide" and len(op.shape) != 2:
         return None
+    if layout == "wide" and _fused_wide_experts(plan.catalog, op):
+        return _wide_fused_targets(plan, i)
     prefix = op.tensor[: -len(".weight")] if op.tensor.endswith(".weight") else op.tensor
     g = spec.weights
     key = (layout, g.rows, g.cols, g.size, spec.symmetric) if g is not None else (layout, None, None, None, True)
@@ -173,3 +175,31 @@ def sync_size(plan, i: int) -> int:
     if plan.contract.sync.bridge == "bf16" or t is None or t["layout"] == "wide":
         return nbytes(_t(SOURCE_DTYPES.get(op.dtype, op.dtype), tuple(op.shape)))
     return own_bytes(t)
+
+
+def _fused_wide_experts(cat, op) -> bool:
+    """gpt-oss routed experts kept wide: transformers' `GptOssForCausalLM` (and the engines' BF16 gpt-oss
+    loaders) read them fused, `experts.gate_up_proj` [E, H, 2I] and `experts.down_proj` [E, I, H]."""
+    from pcc.models.base import lm_config
+
+    return (lm_config(cat.config).get("model_type") == "gpt_oss" and op.family.startswith("experts.")
+            and op.expert is not None and len(op.shape) == 2)
+
+
+def _wide_fused_targets(plan, i: int) -> dict:
+    """gpt-oss BF16 layout as transformers saves it: input-major (x @ W) fused tensors, expert j's gate
+    the even columns of `gate_up_proj[j]`, up the odd, down `down_proj[j]`, each its weight transposed
+    (`fuse["transposed"]`, placed by pcc.layout.tensors.place_fused)."""
+    cat = plan.catalog
+    op = cat.operators[i]
+    n, k = op.shape
+    base = op.tensor.split(".experts.")[0] + ".experts."
+    kind = op.tensor.rsplit(".", 2)[-2]
+    gate_up = kind in ("gate_proj", "up_proj", "w1", "w3")
+    e = cat.num_experts
+    dtype = SOURCE_DTYPES.get(op.dtype, op.dtype)
+    shape = (e, k, 2 * n) if gate_up else (e, k, n)
+    parity = {"gate_proj": "even", "w1": "even", "up_proj": "odd", "w3": "odd"}.get(kind, "all")
+    fuse = dict(_fuse(op.expert, parity, e * (2 if gate_up else 1)), transposed=True)
+    return {"layout": "wide", "targets": {base + ("gate_up_proj" if gate_up else "down_proj"): _t(dtype, shape)},
+            "fuse": fuse}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from pcc.layout.tensors import group_amax, place_fused, rollout_tensors
+from pcc.layout.tensors import group_amax, place_fused, rollout_tensors, take_fused
 from pcc.lower.converter import tensor_targets
 from pcc.numerics import Quantized
 from pcc.numerics.packing import unpack_int32x8
@@ -54,19 +54,14 @@ def bridge_tensors(plan, weights: dict[str, torch.Tensor], bridge: str) -> dict[
     return convert_full(plan, weights, bridge)
 
 
-def _rows(t: torch.Tensor, fuse: dict) -> torch.Tensor:
-    e, rows = fuse["expert"], fuse["rows"]
-    return t[e, 0::2] if rows == "even" else t[e, 1::2] if rows == "odd" else t[e]
-
-
 def decode_operator(plan, i: int, received: dict[str, torch.Tensor]) -> Quantized | torch.Tensor:
     """Operator i from its rollout tensors: a Quantized (codes + scales) or, for wide operators, float32 values."""
     op = plan.catalog.operators[i]
     entry = tensor_targets(plan, i)
     layout, names = entry["layout"], list(entry["targets"])
     t = [received[n] for n in names]
-    if layout == "wide":
-        return t[0].float()
+    if layout == "wide":  # a fused wide operator (gpt-oss BF16 experts): its expert's piece, as the Plan lays it out
+        return (take_fused(t[0], entry["fuse"]) if "fuse" in entry else t[0]).float()
     scheme, shape = plan.scheme("rollout", i), torch.Size(op.shape)
     n, k = op.shape
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
@@ -75,7 +70,7 @@ def decode_operator(plan, i: int, received: dict[str, torch.Tensor]) -> Quantize
         codes = t[0] if scheme.packing else _unpack_e2m1(t[0], k)
         return Quantized(codes, t[1], shape, scheme, "weight", outer_scale=(1.0 / t[2].float()).reshape(()))
     if layout == "mxfp4":
-        blocks, scales = _rows(t[0], entry["fuse"]), _rows(t[1], entry["fuse"])
+        blocks, scales = take_fused(t[0], entry["fuse"]), take_fused(t[1], entry["fuse"])
         codes = blocks.reshape(n, k // 2)
         return Quantized(codes if scheme.packing else _unpack_e2m1(codes, k), scales, shape, scheme, "weight")
     codes = t[0] if scheme.packing else unpack_int32x8(t[0], k)  # int4 compressed-tensors

@@ -198,15 +198,13 @@ def test_mxfp4_output_through_transformers_gpt_oss_dequantization(tmp_path, caps
     layers = range(config["num_hidden_layers"])
     for layer in layers:
         gate_up, down = _experts(published, layer)
-        for j in range(config["num_local_experts"]):
-            p = f"model.layers.{layer}.mlp.experts.{j}."
-            assert torch.equal(wide[p + "gate_proj.weight"].float(), gate_up[j][:, 0::2].T)
-            assert torch.equal(wide[p + "up_proj.weight"].float(), gate_up[j][:, 1::2].T)
-            assert torch.equal(wide[p + "down_proj.weight"].float(), down[j].T)
-    # A BF16 source that is not MXFP4-exact: pcc's wide values plus noise.
+        p = f"model.layers.{layer}.mlp.experts."  # kept wide: transformers' fused BF16 layout
+        assert not [n for n in wide if n.startswith(p) and n.endswith("_proj.weight")]
+        assert torch.equal(wide[p + "gate_up_proj"].float(), gate_up) and torch.equal(wide[p + "down_proj"].float(), down)
+    # A BF16 source (transformers' fused layout) that is not MXFP4-exact: pcc's wide values plus noise.
     gen = torch.Generator().manual_seed(1)
     noisy = {n: (t.float() + 0.01 * torch.randn(t.shape, generator=gen)).to(torch.bfloat16)
-             if ".experts." in n and n.endswith("_proj.weight") else t for n, t in wide.items()}
+             if ".experts." in n and n.endswith(("gate_up_proj", "down_proj")) else t for n, t in wide.items()}
     bf16 = tmp_path / "gpt-oss-bf16"
     bf16.mkdir()
     save_file({n: t.contiguous() for n, t in noisy.items()}, str(bf16 / "model.safetensors"), metadata={"format": "pt"})
@@ -223,9 +221,10 @@ def test_mxfp4_output_through_transformers_gpt_oss_dequantization(tmp_path, caps
                   for f in ("gate_up_proj", "down_proj")}
         for j in range(config["num_local_experts"]):
             q = f"{p}{j}."
-            pairs = ((noisy[q + "gate_proj.weight"], gate_up[j][:, 0::2].T, scales["gate_up_proj"][j, 0::2]),
-                     (noisy[q + "up_proj.weight"], gate_up[j][:, 1::2].T, scales["gate_up_proj"][j, 1::2]),
-                     (noisy[q + "down_proj.weight"], down[j].T, scales["down_proj"][j]))
+            src_gate_up, src_down = noisy[p + "gate_up_proj"][j], noisy[p + "down_proj"][j]
+            pairs = ((src_gate_up[:, 0::2].T, gate_up[j][:, 0::2].T, scales["gate_up_proj"][j, 0::2]),
+                     (src_gate_up[:, 1::2].T, gate_up[j][:, 1::2].T, scales["gate_up_proj"][j, 1::2]),
+                     (src_down.T, down[j].T, scales["down_proj"][j]))
             for x, got, scale in pairs:
                 x, s = x.float(), scale.repeat_interleave(32, dim=-1)
                 v = x.abs() / s

@@ -189,9 +189,6 @@ def test_convert_experts_mxfp4_loads_in_transformers(saved, tmp_path, capsys):
     assert (got - ref).abs().max() <= 0.1 * ref.abs().max()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the 'fused' reader in pcc.convert.quantized and the fused BF16 gpt-oss "
-                                       "expert layout in pcc.plan.tensors (pcc writes per-expert names today, "
-                                       "which GptOssForCausalLM does not load)")
 def test_convert_experts_kept_bf16_loads_in_gpt_oss_for_causal_lm(saved, tmp_path, capsys):
     """Experts kept wide: the rollout checkpoint is transformers' own BF16 layout, every tensor the source's
     bytes, loaded by `from_pretrained` with nothing missing or unexpected and the same logits."""
@@ -206,6 +203,17 @@ def test_convert_experts_kept_bf16_loads_in_gpt_oss_for_causal_lm(saved, tmp_pat
     assert sorted(written) == sorted(source)
     for name, t in source.items():
         assert written[name].dtype == t.dtype and torch.equal(written[name], t), name
+    for args in (["--source", str(shards), "--full"], []):  # verify-checkpoint reads the fused layout from the Plan
+        assert main(["verify-checkpoint", str(contract), str(dst), "--json", *args]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    from pcc.runtime.weights import decode_operator
+
+    plan = compile_file(str(contract)).plan
+    by = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
+    gate_up, down = source["model.layers.1.mlp.experts.gate_up_proj"], source["model.layers.1.mlp.experts.down_proj"]
+    for name, want in (("gate_proj", gate_up[3][:, 0::2].T), ("up_proj", gate_up[3][:, 1::2].T), ("down_proj", down[3].T)):
+        got = decode_operator(plan, by[f"model.layers.1.mlp.experts.3.{name}.weight"], written)  # this expert, [N, K]
+        assert torch.equal(got, want.float()), name
     loaded, info = transformers.GptOssForCausalLM.from_pretrained(str(dst), dtype=torch.bfloat16,
                                                                   output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
