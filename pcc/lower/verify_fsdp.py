@@ -14,14 +14,13 @@ torchao's import side effects (CUDA kernels that fail to load on a CPU) stay out
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from pcc.lower.side_folder import EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
+
 DIR_ENV = "PCC_FSDP_DIR"  # folder holding torchao/ and peft/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/fsdp.txt)"
-TIMEOUT_S = 600
 # what each kind of group turns a module into: (module class, weight class or None for a Parameter)
 EXPECTED = {"wide": ("Linear", None), "float8": ("Float8Linear", None),
             "blockwise": ("Float8BlockwiseLinear", None),
@@ -34,29 +33,16 @@ class VerifyError(ValueError):
     """torchao, torch or PEFT rejected the config (the message is theirs), or applied it elsewhere."""
 
 
-class EngineMissing(ImportError):
-    """torchao or PEFT is not installed here."""
-
-
 def engine_dir() -> Path:
-    return Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "engines" / "fsdp")
+    return folder(DIR_ENV, "fsdp")
 
 
 def verify_fsdp_config(doc: dict, shapes: dict[str, list[int]]) -> dict:
     """Build every config in `doc` (trainer/fsdp.json) and apply it to a meta model of `shapes`
     (module name -> [out, in]). Returns {"versions", "classes": {kind: {class: count}}, "lora", "configs",
     "unchecked": {kind: why its modules were not converted on this machine}}."""
-    where = engine_dir()
-    if not (where / "torchao" / "__init__.py").is_file() or not (where / "peft" / "__init__.py").is_file():
-        raise EngineMissing(f"torchao and PEFT are not installed in {where}; {HINT}")
-    request = json.dumps({"dir": str(where), "doc": doc, "shapes": shapes})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "pcc.lower.verify_fsdp"], input=request, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise EngineMissing(f"the FSDP checks did not run (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    out = json.loads(lines[-1])
+    out = run_child("pcc.lower.verify_fsdp", engine_dir(), ("torchao", "peft"), {"doc": doc, "shapes": shapes},
+                    "the FSDP checks", HINT)
     if "error" in out:
         raise VerifyError(out["error"])
     gather = any(g["config"].get("enable_fsdp_float8_all_gather") for g in doc["low_precision"])

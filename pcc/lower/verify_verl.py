@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from pcc.lower.side_folder import EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
 
 VERSION = "0.9.1"
 DIR_ENV = "PCC_VERL_DIR"  # folder holding verl/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/verl.txt)"
-TIMEOUT_S = 600
 # What a job states beside pcc's overrides for verl's actor config to build (the user's part after `--`).
 JOB = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
 
@@ -32,29 +32,15 @@ class VerifyError(ValueError):
     """verl rejected the job (the message is verl's or Hydra's)."""
 
 
-class EngineMissing(ImportError):
-    """verl is not installed here."""
-
-
 def engine_dir() -> Path:
-    return Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "engines" / "verl")
+    return folder(DIR_ENV, "verl")
 
 
 def run_batch(jobs: list[dict]) -> dict:
     """Check jobs {"config": name, "overrides": [...], "log_ratio"?, "mask"?} in one child: {"version", "jobs":
     [fields | {"error"}]}. With log_ratio and mask ([batch][tokens]) verl's own rollout correction
     (`compute_rollout_correction_weights`) weighs them as the job's algorithm.rollout_correction says."""
-    where = engine_dir()
-    if not (where / "verl" / "__init__.py").is_file():
-        raise EngineMissing(f"verl is not installed in {where}; {HINT}")
-    request = json.dumps({"dir": str(where), "jobs": list(jobs)})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "pcc.lower.verify_verl"], input=request, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise EngineMissing(f"verl's checks did not run (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
+    return run_child("pcc.lower.verify_verl", engine_dir(), ("verl",), {"jobs": list(jobs)}, "verl's checks", HINT)
 
 
 def verify_verl_job(config: str, overrides: list[str]) -> dict:

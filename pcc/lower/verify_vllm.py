@@ -17,28 +17,23 @@ not: building the engine (needs a model and, for every quantized kernel pcc emit
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from pcc.lower.side_folder import TIMEOUT_S, EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
+
 VERSION = "0.32.0"
 DIR_ENV = "PCC_VLLM_DIR"  # folder holding vllm/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/vllm.txt)"
-TIMEOUT_S = 600
 
 
 class VerifyError(ValueError):
     """vLLM rejected the input (the message is vLLM's)."""
 
 
-class EngineMissing(ImportError):
-    """vLLM's parser is not installed here."""
-
-
 def engine_dir() -> Path:
-    return Path(os.environ.get(DIR_ENV) or Path(sys.prefix) / "engines" / "vllm")
+    return folder(DIR_ENV, "vllm")
 
 
 def run_batch(args: list[list[str]] = (), quant: list[dict] = ()) -> dict:
@@ -46,18 +41,8 @@ def run_batch(args: list[list[str]] = (), quant: list[dict] = ()) -> dict:
 
     Returns {"version", "tables", "args": [...], "quant": [...]}: each entry is the fields vLLM
     built, or {"error": vLLM's message}."""
-    where = engine_dir()
-    if not (where / "vllm" / "__init__.py").is_file():
-        raise EngineMissing(f"vLLM is not installed in {where}; {HINT}")
-    request = json.dumps({"dir": str(where), "args": list(args), "quant": list(quant)})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["VLLM_TARGET_DEVICE"] = "cpu"
-    proc = subprocess.run([sys.executable, "-m", "pcc.lower.verify_vllm"], input=request, capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise EngineMissing(f"vLLM's checks did not run (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(lines[-1])
+    return run_child("pcc.lower.verify_vllm", engine_dir(), ("vllm",), {"args": list(args), "quant": list(quant)},
+                     "vLLM's checks", HINT, env={"VLLM_TARGET_DEVICE": "cpu"})
 
 
 def verify_vllm_args(args: list[str]) -> dict:
