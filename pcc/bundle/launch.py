@@ -34,8 +34,6 @@ from typing import Callable
 from pcc.lang.diagnostics import PccError
 from pcc.lower import JOB_FILE, PATH_VARIABLES
 from pcc.lower.miles import JOB_VARIABLE, MODEL_ARGS
-from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE
-from pcc.lower.verify_verl import VERSION as VERL_VERSION
 
 MAX_JOB = 1 << 20  # a job file: overrides or flags, a few hundred bytes; a larger file is not one
 
@@ -237,7 +235,7 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     Ray's runtime_env."""
     import json
 
-    from pcc.lower.verl import LAUNCH, OVERRIDES_FILE, contract_field, tables
+    from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE, LAUNCH, OVERRIDES_FILE, contract_field, tables
 
     tab = tables()
     config = tab["config_name"][json.loads((bundle / "plan.json").read_text())["trainer"]["engine"]]
@@ -270,6 +268,8 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
 
 def verl_missing(env: dict[str, str]) -> list[str]:
     """What `python3 -m verl.trainer.main_ppo` cannot start without, each with how to get it."""
+    from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE, tables  # the verl target only when launching it
+
     job = _job_missing(env, VERL_JOB_VARIABLE, "Hydra overrides, one per line")
     python = shutil.which("python3", path=env.get("PATH"))
     if python is None:
@@ -279,7 +279,7 @@ def verl_missing(env: dict[str, str]) -> list[str]:
         gone = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=60).stdout.split()
     except (OSError, subprocess.SubprocessError) as exc:
         return [f"{python} could not be asked for verl and ray ({exc})"]
-    how = {"verl": f"pip install verl=={VERL_VERSION}", "ray": "pip install 'ray[default]'"}
+    how = {"verl": f"pip install verl=={tables()['version']}", "ray": "pip install 'ray[default]'"}
     return job + [f"{m} is not importable by {python}: {how[m]}" for m in gone]
 
 
