@@ -110,6 +110,12 @@ class _View:
         return out
 
 
+def _parallel(imp, v, prefix: str, keys) -> dict:
+    """{pcc key: size} for each verl size under `prefix` that is set and not 1 (pcc's default)."""
+    sizes = {key: _typed(imp, v, f"{prefix}.{k}", int) for key, k in keys}
+    return {key: n for key, n in sizes.items() if n is not None and n != 1}
+
+
 def _typed(imp: Imported, v: _View, key: str, kind, default=None):
     """The key's value as `kind`; a string OmegaConf would convert for a typed field ("4", "true")
     is converted, anything else is PCC801 at its position."""
@@ -251,12 +257,8 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
     rollout_rules(imp, catalog, d)
     block = imp.contract["rollout"]
     block["engine"] = name
-    par = {}
-    for key, k in (("tp", "tensor_model_parallel_size"), ("dp", "data_parallel_size"), ("ep", "expert_parallel_size"),
-                   ("pp", "pipeline_model_parallel_size")):
-        n = _typed(imp, v, f"{R}.{k}", int)
-        if n is not None and n != 1:
-            par[key] = n
+    par = _parallel(imp, v, R, (("tp", "tensor_model_parallel_size"), ("dp", "data_parallel_size"),
+                                ("ep", "expert_parallel_size"), ("pp", "pipeline_model_parallel_size")))
     if par:
         block["parallel"] = par
     if _typed(imp, v, f"{R}.full_determinism", bool):
@@ -304,12 +306,8 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         t["params"] = _dtype(imp, v, f"{MEGA}.dtype")
         t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool)),
                           "offload": bool(_typed(imp, v, f"{MEGA}.optimizer_offload", bool))}
-        par = {}
-        for key, k in (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
-                       ("ep", "expert_model_parallel_size")):
-            n = _typed(imp, v, f"{MEGA}.{k}", int)
-            if n is not None and n != 1:
-                par[key] = n
+        par = _parallel(imp, v, MEGA, (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
+                                       ("ep", "expert_model_parallel_size")))
         if par:
             t["parallel"] = par
         qat = f"{MEGA}.qat.enable"
