@@ -21,7 +21,6 @@ from pathlib import Path
 
 from pcc.lower.side_folder import EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
 
-VERSION = "0.9.1"
 DIR_ENV = "PCC_VERL_DIR"  # folder holding verl/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/verl.txt)"
 # What a job states beside pcc's overrides for verl's actor config to build (the user's part after `--`).

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from pcc.lower.side_folder import TIMEOUT_S, EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
 
-VERSION = "0.32.0"
 DIR_ENV = "PCC_VLLM_DIR"  # folder holding vllm/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/vllm.txt)"
 
