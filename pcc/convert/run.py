@@ -26,7 +26,7 @@ from pcc.convert import ConvertError
 from pcc.convert.calibration import resolve as resolve_input_scales
 from pcc.convert.contract import load_plan
 from pcc.convert.destination import CHECKPOINT_MARK, check_destination, check_work, is_checkpoint
-from pcc.convert.shards import RECORDS, ST_BYTES, ST_DTYPES, complete, plan_shards, ShardWriter
+from pcc.convert.shards import RECORDS, SHARD_HASH, ST_BYTES, ST_DTYPES, complete, plan_shards, ShardWriter
 from pcc.convert.source import INDEX, Source, open_source
 from pcc.lower.converter import converter_plan
 from pcc.models.checkpoint import read_safetensors_header
@@ -90,7 +90,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     finally:
         src.close()
     writer.finish()
-    hashes = {s.file: writer.sha256.get(s.file) or _recorded(work, s) for s in shards}
+    hashes = {s.file: writer.digests.get(s.file) or _recorded(work, s) for s in shards}
     _finish(plan, doc, src, work, shards, hashes, job, scales, extras)
     _install(work, dst)
     secs = time.perf_counter() - t0
@@ -187,7 +187,7 @@ def _job_id(doc: dict, src: Source, max_shard_bytes: int, scales: str) -> str:
 
 
 def _recorded(work: Path, shard) -> str:
-    return json.loads((work / shard.record).read_text(encoding="utf-8"))["sha256"]
+    return json.loads((work / shard.record).read_text(encoding="utf-8"))[SHARD_HASH]
 
 
 def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes: int, progress: bool,
@@ -593,7 +593,7 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
     if len(shards) > 1:
         _write_json(work / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
     _write_json(work / CHECKPOINT_MARK, {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
-                                            "shards": hashes, "input_scales": scales.summary()})
+                                            "shard_hash": SHARD_HASH, "shards": hashes, "input_scales": scales.summary()})
     for s in shards:
         header = read_safetensors_header(work / s.file)
         if list(header) != s.names or (work / s.file).stat().st_size != s.size:

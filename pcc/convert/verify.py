@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pcc.convert.contract import config_of, load_plan
 from pcc.convert.destination import CHECKPOINT_MARK
-from pcc.convert.shards import ST_DTYPES, file_sha256
+from pcc.convert.shards import ST_DTYPES, file_digest, hasher
 from pcc.convert.source import open_source
 from pcc.lower.converter import converter_plan
 
@@ -81,7 +81,8 @@ def verify(contract: str, directory: str, source: str | None = None, full: bool 
 
 
 def _shard_hashes(root: Path, out, report, findings: list) -> int:
-    """Each shard's size and SHA-256 against what the conversion recorded in pcc_convert.json (PCC712): a
+    """Each shard's digest against what the conversion recorded in pcc_convert.json (PCC712; BLAKE3, or
+    SHA-256 in a record that names it, `shard_hash`): a
     shard changed, replaced or truncated after conversion fails even without --full. Returns the number
     of shards checked; a checkpoint pcc did not write (no record) is a finding."""
     record = root / CHECKPOINT_MARK
@@ -90,9 +91,13 @@ def _shard_hashes(root: Path, out, report, findings: list) -> int:
                          "message": f"no {CHECKPOINT_MARK}: not written by pcc convert, shard hashes not checked"})
         return 0
     try:
-        shards = json.loads(record.read_text(encoding="utf-8"))["shards"]
+        doc = json.loads(record.read_text(encoding="utf-8"))
+        shards, algorithm = doc["shards"], doc.get("shard_hash", "sha256")
         if not (isinstance(shards, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in shards.items())):
-            raise TypeError("'shards' must map each shard file to its sha256")
+            raise TypeError("'shards' must map each shard file to its digest")
+        if not isinstance(algorithm, str):
+            raise TypeError("'shard_hash' must name the digest")
+        hasher(algorithm)
     except (OSError, ValueError, KeyError, TypeError) as err:
         report("shards", CHECKPOINT_MARK, f"unreadable record of the shards ({err})", "PCC712")
         return 0
@@ -103,8 +108,8 @@ def _shard_hashes(root: Path, out, report, findings: list) -> int:
         path = root / file
         if file not in present or not path.is_file():
             report("shards", file, f"listed in {CHECKPOINT_MARK} but not in the checkpoint", "PCC712")
-        elif file_sha256(path) != digest:
-            report("shards", file, f"SHA-256 differs from the one recorded at conversion ({CHECKPOINT_MARK}): "
+        elif file_digest(path, algorithm) != digest:
+            report("shards", file, f"{algorithm} digest differs from the one recorded at conversion ({CHECKPOINT_MARK}): "
                                    "the shard changed afterwards", "PCC712")
     return len(shards)
 

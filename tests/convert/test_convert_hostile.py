@@ -121,7 +121,36 @@ def test_verify_checks_recorded_shard_hashes_without_full(moe, tmp_path, capsys)
     code, diags = _json(capsys, ["verify-checkpoint", str(contract), str(dst)])
     assert code == 1
     assert [d["code"] for d in diags if d["severity"] == "error"] == ["PCC712"], diags
-    assert shard in diags[0]["message"] and "SHA-256 differs" in diags[0]["message"]
+    assert shard in diags[0]["message"] and "blake3 digest differs" in diags[0]["message"]
+
+
+def test_shard_digests_are_blake3_and_older_sha256_records_still_verify(moe, tmp_path, capsys):
+    """The record is the BLAKE3 of each whole file (checked with hashlib's independent SHA-256 for the
+    older form): a record without `shard_hash` is SHA-256, as pcc wrote before; an unknown one is PCC712."""
+    import hashlib
+
+    from blake3 import blake3
+
+    src, contract = moe
+    dst = tmp_path / "dst"
+    assert _convert(capsys, src, contract, dst, "--max-shard-size", "400KB")[0] == 0
+    mark = dst / "pcc_convert.json"
+    doc = json.loads(mark.read_text())
+    assert doc["shard_hash"] == "blake3"
+    assert doc["shards"] == {f: blake3((dst / f).read_bytes()).hexdigest() for f in doc["shards"]}
+    older = {k: v for k, v in doc.items() if k != "shard_hash"}
+    older["shards"] = {f: hashlib.sha256((dst / f).read_bytes()).hexdigest() for f in doc["shards"]}
+    mark.write_text(json.dumps(older))
+    assert _json(capsys, ["verify-checkpoint", str(contract), str(dst)])[0] == 0
+    shard = sorted(doc["shards"])[0]
+    raw = bytearray((dst / shard).read_bytes())
+    raw[-1] ^= 0x01
+    (dst / shard).write_bytes(bytes(raw))
+    code, diags = _json(capsys, ["verify-checkpoint", str(contract), str(dst)])
+    assert code == 1 and "sha256 digest differs" in diags[0]["message"] and shard in diags[0]["message"]
+    mark.write_text(json.dumps(doc | {"shard_hash": "md5"}))
+    code, diags = _json(capsys, ["verify-checkpoint", str(contract), str(dst)])
+    assert code == 1 and diags[0]["code"] == "PCC712" and "unknown shard hash 'md5'" in diags[0]["message"]
 
 
 def test_verify_without_a_record_says_hashes_were_not_checked(moe, tmp_path, capsys):
