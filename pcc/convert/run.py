@@ -34,7 +34,7 @@ from pcc.models.checkpoint import read_safetensors_header
 DEFAULT_SHARD_BYTES = 5 * 10**9
 _WIDE_SOURCE = ("BF16", "F16", "F32")
 _DONE = object()
-_READ_BUFFERS = 4  # source tensors in flight: two queued, one being computed, one being written
+_IN_FLIGHT = 4  # source pieces mapped at once: two queued, one being computed, one being written
 # Tensors written as stored (kept wide, or copied) move in pieces of at most this many bytes.
 PIECE_BYTES = 64 << 20
 _ST_TORCH = {v: k for k, v in ST_DTYPES.items()}  # safetensors dtype -> the plan's torch name
@@ -211,7 +211,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             except queue.Full:
                 continue
 
-    buffers = _Buffers(_READ_BUFFERS, stop)
+    slots = _Slots(_IN_FLIGHT, stop)
     amaxes: dict[tuple, object] = {}  # scale members -> their amax (a group's, computed at its first member)
 
     def reader():
@@ -220,17 +220,17 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 name, buf = it["source"], None
                 if it["members"] is not None:
                     if it["members"] not in amaxes:
-                        amaxes[it["members"]] = _amax(src, it["members"], buffers)
+                        amaxes[it["members"]] = _amax(src, it["members"], slots)
                     it["amax"] = amaxes[it["members"]]
                 if it["copy"]:  # written as stored: in pieces of at most PIECE_BYTES
                     count = math.prod(src.entries[name]["shape"])
                     step = max(1, PIECE_BYTES // ST_BYTES[src.entries[name]["dtype"]])
                     for first in range(0, count, step) or [0]:
                         n = min(step, count - first)
-                        buf = buffers.take(n * ST_BYTES[src.entries[name]["dtype"]])
-                        if stop.is_set():
+                        if not slots.take():
                             return
-                        put(loaded, (it, (first, src.load_piece(name, first, n, into=buf), first + n >= count), buf))
+                        buf = src.map(name, (first, n))
+                        put(loaded, (it, (first, buf, first + n >= count), buf))
                     continue
                 enc = src.view.encodings.get(name)
                 if it["copy_codes"]:  # a copied encoding: its codes as stored, in pieces, then the rest whole
@@ -239,11 +239,10 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     count, step = math.prod(src.entries[codes]["shape"]), max(1, PIECE_BYTES // size)
                     for first in range(0, count, step):
                         n = min(step, count - first)
-                        buf = buffers.take(n * size)
-                        if stop.is_set():
+                        if not slots.take():
                             return
-                        piece = src.load_piece(codes, first, n, into=buf)
-                        put(loaded, (it, ("codes", piece, first + n >= count), buf))
+                        buf = src.map(codes, (first, n))
+                        put(loaded, (it, ("codes", buf, first + n >= count), buf))
                     rest = Encoded(enc, {role: src.load(t) for role, t in enc.parts if role != "weight"})
                     put(loaded, (it, ("rest", rest, True), None))
                     continue
@@ -263,17 +262,18 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     step = max(1, PIECE_BYTES // row_bytes // it["rows"]) * it["rows"]
                     for r0 in range(0, nrows, step):
                         n = min(step, nrows - r0)
-                        buf = buffers.take(n * row_bytes)
-                        if stop.is_set():
+                        if not slots.take():
                             return
-                        rows = src.load_piece(name, r0 * width, n * width, into=buf).reshape(n, *rest)
-                        put(loaded, (it, (r0, rows, r0 + n >= nrows), buf))
+                        buf = src.map(name, (r0 * width, n * width))
+                        put(loaded, (it, (r0, buf.reshape(n, *rest), r0 + n >= nrows), buf))
                     continue
-                if src.stored(name):
-                    buf = buffers.take(src.nbytes(name))
-                if stop.is_set():
+                if not src.stored(name):
+                    put(loaded, (it, src.read(name), None))
+                    continue
+                if not slots.take():
                     return
-                put(loaded, (it, src.read(name, into=buf), buf))
+                buf = src.map(name)
+                put(loaded, (it, buf, buf))
         except BaseException as err:  # handed to the caller's thread
             errors.append(err)
             stop.set()
@@ -291,7 +291,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 name, tensor, nread, release, last = item
                 writer.write(name, _raw(tensor), last)
                 if release is not None:
-                    buffers.give(release)
+                    slots.give()
                 if bar is not None and nread:
                     bar.update(nread)
         except BaseException as err:
@@ -325,7 +325,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 if writer.wanted(name):
                     put(out, (name, piece, piece.numel() * piece.element_size(), buf, final))
                 else:
-                    buffers.give(buf)
+                    slots.give()
                 continue
             if it["copy_codes"]:  # a copied encoding: a piece of its codes, or at the end its other tensors
                 part, value, final = tensor
@@ -337,7 +337,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     if writer.wanted(first):
                         put(out, (first, value, _nbytes(value), buf, final))
                     else:
-                        buffers.give(buf)
+                        slots.give()
                     continue
                 for n, t in copied_tensors(enc, value.parts, targets).items():
                     if writer.wanted(n):
@@ -346,11 +346,13 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
                 r0, rows, final = tensor
                 got = {n: input_scales.get(n, t) for n, t in _rows_piece(plan, src, it, r0, rows).items()}
+                nread = _nbytes(rows)
                 if buf is not None:
-                    buffers.give(buf)
+                    slots.give()
+                del rows, buf, tensor  # a mapped piece is unmapped once nothing views it
                 names = list(got)
                 if writer.wanted(names[0]):
-                    put(out, (names[0], got[names[0]], _nbytes(rows), None, final))
+                    put(out, (names[0], got[names[0]], nread, None, final))
                 for n in names[1:]:
                     row_parts.setdefault(n, []).append(got[n])
                 if final:
@@ -368,7 +370,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             # the read buffer goes back once nothing still to be written is a view of it
             last = max((k for k, (_, t, _) in enumerate(pieces) if buf is not None and _shares(t, buf)), default=None)
             if buf is not None and last is None:
-                buffers.give(buf)
+                slots.give()
             for k, (name, t, final) in enumerate(pieces):
                 put(out, (name, t, nread, buf if k == last else None, final))
                 nread = 0
@@ -388,38 +390,23 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         raise err if isinstance(err, ConvertError) else ConvertError(str(err)) from err
 
 
-class _Buffers:
-    """Read buffers recycled from tensor to tensor. A fresh buffer costs a page fault for every 4 KiB
-    of every tensor: pread into a reused buffer was 3-5x faster (117 MB: 35-55 ms against 170-210 ms,
-    2-core machine at load 6). Their number also bounds how many source tensors are in flight."""
+class _Slots:
+    """How many source pieces are in flight (mapped, queued, computed or being written): the bound on
+    read memory, since a mapped piece stays resident until the last tensor viewing it is written."""
 
     def __init__(self, count: int, stop: threading.Event):
-        import torch
-
-        self._free = [torch.empty(0, dtype=torch.uint8) for _ in range(count)]
-        self._cv = threading.Condition()
+        self._free = threading.Semaphore(count)
         self._stop = stop
 
-    def take(self, nbytes: int):
-        """A buffer of at least `nbytes` (the smallest free one that fits, else the largest free one
-        grown); None once the pipeline stops."""
-        import torch
+    def take(self) -> bool:
+        """Wait for a free slot; False once the pipeline stops."""
+        while not self._free.acquire(timeout=0.1):
+            if self._stop.is_set():
+                return False
+        return not self._stop.is_set()
 
-        with self._cv:
-            while not self._free:
-                if self._stop.is_set():
-                    return None
-                self._cv.wait(0.1)
-            sizes = [b.numel() for b in self._free]
-            fits = [k for k, n in enumerate(sizes) if n >= nbytes]
-            k = min(fits, key=sizes.__getitem__) if fits else max(range(len(sizes)), key=sizes.__getitem__)
-            buf = self._free.pop(k)
-        return buf if buf.numel() >= nbytes else torch.empty(nbytes, dtype=torch.uint8)
-
-    def give(self, buf) -> None:
-        with self._cv:
-            self._free.append(buf)
-            self._cv.notify()
+    def give(self) -> None:
+        self._free.release()
 
 
 def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
@@ -442,7 +429,7 @@ def _nbytes(t) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
-def _amax(src: Source, members: tuple, buffers: "_Buffers"):
+def _amax(src: Source, members: tuple, slots: _Slots):
     """max |w| over the weights `members` as they are quantized (a stored one read in row pieces of
     about PIECE_BYTES, a quantized source's dequantized): the amax of one global scale."""
     import torch
@@ -467,10 +454,12 @@ def _amax(src: Source, members: tuple, buffers: "_Buffers"):
             step = max(1, PIECE_BYTES // max(row_bytes, 1))
             for r0 in range(0, nrows, step):
                 n = min(step, nrows - r0)
-                buf = buffers.take(n * row_bytes)
-                found.append(tensor_amax(src.load_piece(name, r0 * width, n * width, into=buf), name))
-                if buf is not None:
-                    buffers.give(buf)
+                if not slots.take():
+                    break
+                try:
+                    found.append(tensor_amax(src.map(name, (r0 * width, n * width)), name))
+                finally:
+                    slots.give()
         except ValueError as err:
             raise ConvertError(f"{src.file_of(name)}: {err}") from None
     return torch.stack(found).amax()

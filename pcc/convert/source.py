@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,22 +33,29 @@ class Source:
     _handles: dict = field(default_factory=dict)
     _view: object = None
 
-    def load(self, name: str, into=None):
+    def load(self, name: str):
         """One tensor as stored, read from its checked safetensors header's offsets with a plain pread
-        into a fresh buffer, or into the front of uint8 tensor `into` (a buffer the caller recycles): no
-        pickle, and no mmap whose touched pages would pile up in RSS."""
-        return self._read(name, into=into)
+        into a fresh buffer: no pickle (`map` for the converter's large reads)."""
+        return self._read(name)
 
     def load_index(self, name: str, j: int):
         """`tensor[j]` of a stored tensor (one expert of a fused [E, ...] tensor), reading only its bytes."""
         return self._read(name, j)
 
-    def load_piece(self, name: str, first: int, count: int, into=None):
-        """Elements [first, first + count) of a stored tensor, flat (the converter copies large tensors
-        in pieces, so memory does not grow with the largest tensor)."""
-        return self._read(name, into=into, piece=(first, count))
+    def load_piece(self, name: str, first: int, count: int):
+        """Elements [first, first + count) of a stored tensor, flat (a quantized source's rows)."""
+        return self._read(name, piece=(first, count))
 
-    def _read(self, name: str, index: int | None = None, into=None, piece: tuple[int, int] | None = None):
+    def map(self, name: str, piece: tuple[int, int] | None = None):
+        """A stored tensor (or its flat elements [first, first + count)) over a private read-only-in-effect
+        mapping of just its bytes, instead of a copy: the converter's reads of BF16 weights, 4-5x cheaper
+        than pread's copy (bench/convert.py). The mapping is copy-on-write (a stray write never reaches
+        the source file) and unmapped once the tensor and its views are gone, so RSS holds only the
+        pieces in flight. Where the file cannot be mapped, the bytes are read as `load` reads them."""
+        return self._read(name, piece=piece, mapped=True)
+
+    def _read(self, name: str, index: int | None = None, piece: tuple[int, int] | None = None,
+              mapped: bool = False):
         import torch
 
         file = self.where.get(name)
@@ -79,7 +87,11 @@ class Source:
         fd = self._handles.get(file)
         if fd is None:
             fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
-        buf = torch.empty(end - begin, dtype=torch.uint8) if into is None else into[: end - begin]
+        if mapped and end > begin:
+            window = self._window(fd, file, name, self.data_start[file] + begin, end - begin)
+            if window is not None:
+                return window.view(dtype).reshape(shape)
+        buf = torch.empty(end - begin, dtype=torch.uint8)
         view, done, base = memoryview(buf.numpy()), 0, self.data_start[file] + begin
         while done < end - begin:
             got = os.preadv(fd, [view[done:]], base + done)
@@ -87,6 +99,21 @@ class Source:
                 raise ConvertError(f"{self.root / file}: truncated while reading {name}")
             done += got
         return buf.view(dtype).reshape(shape)
+
+    def _window(self, fd: int, file: str, name: str, base: int, size: int):
+        """Bytes [base, base + size) of the shard as a uint8 tensor over a mapping, or None where the file
+        cannot be mapped. The file must still hold them (a shard truncated since its header was checked
+        is an error here; one truncated while mapped would raise SIGBUS, as any mmap reader would)."""
+        import torch
+
+        skip = base % mmap.ALLOCATIONGRANULARITY
+        try:
+            if os.fstat(fd).st_size < base + size:
+                raise ConvertError(f"{self.root / file}: truncated while reading {name}")
+            m = mmap.mmap(fd, skip + size, access=mmap.ACCESS_COPY, offset=base - skip)
+        except (OSError, ValueError):
+            return None
+        return torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----
 
@@ -111,13 +138,12 @@ class Source:
         """Is `name` read as stored (not a quantized weight's logical tensor)?"""
         return name not in self.view.encodings
 
-    def read(self, name: str, into=None):
-        """What the converter transforms: an `Encoded` for a quantized weight, else the stored tensor
-        (in `into`, when given: see `load`)."""
+    def read(self, name: str):
+        """What the converter transforms: an `Encoded` for a quantized weight, else the stored tensor."""
         from pcc.convert.quantized import read
 
         enc = self.view.encodings.get(name)
-        return self.load(name, into) if enc is None else read(self, enc)
+        return self.load(name) if enc is None else read(self, enc)
 
     def weight(self, name: str):
         """A weight's value: a quantized one dequantized to float32, any other as stored."""

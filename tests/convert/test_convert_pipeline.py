@@ -1,4 +1,4 @@
-"""The converter's pipeline: pieces, recycled buffers and background flushes change no byte."""
+"""The converter's pipeline: pieces, mapped reads and background flushes change no byte."""
 
 from __future__ import annotations
 
@@ -35,11 +35,51 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
     monkeypatch.setattr(run, "PIECE_BYTES", 4096)  # embed, lm_head, norms: many pieces each
     monkeypatch.setattr(shards, "FLUSH_BYTES", 64 << 10)
     monkeypatch.setattr(shards, "_DATASYNC", lambda fd: flushed.append(fd))
-    monkeypatch.setattr(run, "_READ_BUFFERS", 1)  # one buffer: every tensor waits for the last write
+    monkeypatch.setattr(run, "_IN_FLIGHT", 1)  # one piece mapped: every tensor waits for the last write
     dst = tmp_path / "dst"
     assert _convert(src, contract, dst, "--max-shard-size", "300KB") == 0
     assert len(flushed) > 5
     assert _tensors(dst) == _tensors(ref)
+
+
+def test_mapped_reads_equal_pread_never_write_the_source_and_fall_back(moe, tmp_path, monkeypatch):
+    """Source.map is the source's bytes (safetensors' own loader as the reference), a write into the
+    mapped tensor stays private (the file's bytes unchanged), a shard shorter than its checked header
+    is an error naming it, and where mmap fails the same bytes are read with pread."""
+    import mmap
+
+    from pcc.convert import ConvertError
+    from pcc.convert.source import open_source
+
+    src_dir, _ = moe
+    name = "model.embed_tokens.weight"
+    shard = next(f for f in src_dir.glob("*.safetensors") if name in load_file(str(f)))
+    before = shard.read_bytes()
+    want = load_file(str(shard))[name]
+    src = open_source(src_dir)
+    try:
+        mapped = src.map(name)
+        assert torch.equal(mapped, want)
+        piece = src.map(name, (7, 1000))
+        assert torch.equal(piece, want.reshape(-1)[7:1007])
+        mapped.view(-1)[:64] = 1.0
+        del mapped, piece
+        assert shard.read_bytes() == before
+        monkeypatch.setattr(mmap, "mmap", lambda *a, **k: (_ for _ in ()).throw(OSError("no mmap here")))
+        assert torch.equal(src.map(name), want)
+    finally:
+        src.close()
+    monkeypatch.undo()
+    src = open_source(src_dir)
+    try:
+        with shard.open("r+b") as f:
+            f.truncate(len(before) - 8)
+        with pytest.raises(ConvertError, match="truncated while reading"):
+            src.map(next(n for n, f in src.where.items() if f == shard.name and
+                          src.entries[n]["data_offsets"][1] + src.data_start[f] > len(before) - 8))
+    finally:
+        src.close()
+        shard.write_bytes(before)
 
 
 def _tensors(d):

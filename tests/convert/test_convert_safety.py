@@ -154,14 +154,14 @@ def test_a_reader_failure_is_an_error_not_a_hang(moe, tmp_path, capsys, monkeypa
     from pcc.convert import source
 
     src, contract = moe
-    real = source.Source.load
+    real = source.Source.map
 
-    def flaky(self, name, into=None):
+    def flaky(self, name, piece=None):
         if name.endswith("experts.3.down_proj.weight"):
             raise OSError(f"read error in {name}")
-        return real(self, name, into)
+        return real(self, name, piece)
 
-    monkeypatch.setattr(source.Source, "load", flaky)
+    monkeypatch.setattr(source.Source, "map", flaky)
     assert _convert(src, contract, tmp_path / "dst") == 1
     assert "read error" in capsys.readouterr().err and not (tmp_path / "dst").exists()
 
