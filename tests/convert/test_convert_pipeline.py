@@ -33,6 +33,7 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
     assert _convert(src, contract, ref) == 0
     flushed = []
     monkeypatch.setattr(run, "PIECE_BYTES", 4096)  # embed, lm_head, norms: many pieces each
+    monkeypatch.setattr(shards, "_open_direct", lambda path: None)  # through the page cache
     monkeypatch.setattr(shards, "FLUSH_BYTES", 64 << 10)
     monkeypatch.setattr(shards, "_DATASYNC", lambda fd: flushed.append(fd))
     monkeypatch.setattr(run, "_IN_FLIGHT", 1)  # one piece mapped: every tensor waits for the last write
@@ -40,6 +41,27 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
     assert _convert(src, contract, dst, "--max-shard-size", "300KB") == 0
     assert len(flushed) > 5
     assert _tensors(dst) == _tensors(ref)
+
+
+def test_direct_writes_give_the_bytes_of_buffered_ones(moe, tmp_path, monkeypatch):
+    """O_DIRECT shards (staging buffers of 8 KiB here: many swaps, a zero-padded last block truncated
+    away) are the page cache writer's files byte for byte, and are what the writer used where the
+    filesystem offers O_DIRECT."""
+    src, contract = moe
+    opened = []
+    real = shards._open_direct
+    monkeypatch.setattr(shards, "_open_direct", lambda path: opened.append(real(path)) or opened[-1])
+    monkeypatch.setattr(shards, "STAGE_BYTES", 8192)
+    direct = tmp_path / "direct"
+    assert _convert(src, contract, direct, "--max-shard-size", "300KB") == 0
+    if all(fd is None for fd in opened):
+        pytest.skip(f"{tmp_path}: the filesystem offers no O_DIRECT")
+    assert len(opened) > 2 and all(fd is not None for fd in opened)
+    monkeypatch.setattr(shards, "_open_direct", lambda path: None)
+    buffered = tmp_path / "buffered"
+    assert _convert(src, contract, buffered, "--max-shard-size", "300KB") == 0
+    assert _files(direct) == _files(buffered)
+    assert all(p.stat().st_size % 4096 for p in direct.glob("*.safetensors"))  # the padding is gone
 
 
 def test_mapped_reads_equal_pread_never_write_the_source_and_fall_back(moe, tmp_path, monkeypatch):
