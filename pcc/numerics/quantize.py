@@ -317,8 +317,14 @@ def _nvfp4_block_scales(absmax: torch.Tensor, s_enc: torch.Tensor) -> torch.Tens
     return fm.encode_fp8((absmax * (s_enc * inv6)).clamp(max=fm.FLT_MAX), fm.E4M3)
 
 
-def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.Tensor | None):
-    """Scales, per-block factor and per-chunk encoder of a float scheme; `outer` is NVFP4's S_enc."""
+def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.Tensor | None, own_amax: bool):
+    """Scales, per-block factor and per-chunk encoder of a float scheme; `outer` is NVFP4's S_enc.
+
+    FP8 values are clamped to the format's range only where the scale lets them exceed it: the OCP E8M0
+    rule (it clips by design), stochastic rounding, and an amax given from outside. An fp32 scale
+    fl(amax/max) (at least the smallest normal), a pow2 one >= amax/max, and the no-clip E8M0 rule
+    bound |x/s| by max*(1+2^-22), which the cast rounds to max (the clamp was a tenth of fp8_block's
+    time, bench/quantize.py)."""
     fmt = scheme.format
     elem = fm.E2M1 if fmt in ("mxfp4", "nvfp4") else _FP8[fmt]
     if fmt == "nvfp4":
@@ -334,11 +340,16 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.T
             factor = scales
         op = torch.div  # SGLang's kernels and public converters compute x / scale
 
+    clip = (scheme.rounding == "stochastic" or not own_amax
+            or scheme.scale not in ("fp32", "pow2") and not (scheme.scale == "e8m0" and scheme.scale_rule == "ceil"))
+
     def fn(xc, f, own=False):
         y = op(xc, f, out=xc) if own else op(xc, f)  # float32: f is float32 and x no wider
         if scheme.rounding == "stochastic":
             y = fm.stochastic_round(y, elem, generator)
-        return fm.encode_e2m1(y) if elem is fm.E2M1 else y.clamp_(-elem.max, elem.max)
+        if elem is fm.E2M1:
+            return fm.encode_e2m1(y)
+        return y.clamp_(-elem.max, elem.max) if clip else y
 
     code_dtype = torch.uint8 if elem is fm.E2M1 else elem.dtype
     return scales, None, (factor,), fn, code_dtype
@@ -446,9 +457,10 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     def encoder(amax, amin, outer):  # -> scales, zero points, per-block factors, chunk encoder, code dtype
         if is_int:
             return _int_encoder(amax, amin, scheme, generator)
-        return _float_encoder(amax, scheme, generator, outer)
+        return _float_encoder(amax, scheme, generator, outer, given is None)
 
     # A whole-tensor amax first where the scale needs one: tensor scaling, NVFP4's outer scale.
+    given = amax
     whole = grouping.kind == "tensor"
     outer = None
     if amax is not None:

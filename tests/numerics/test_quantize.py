@@ -382,3 +382,31 @@ def test_a_forked_child_quantizes_with_its_own_workers(small_chunks):
 
 def _codes_in_child(x):
     return quantize(x, "mxfp8").codes.view(torch.uint8).numpy()
+
+
+@pytest.mark.parametrize("scheme", [
+    {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 1, "cols": 32}},
+    {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": 1, "cols": 32}, "scale": "pow2"},
+    {"format": "fp8_e5m2", "weights": {"kind": "block", "rows": 1, "cols": 32}},
+    {"format": "mxfp8", "scale_rule": "ceil"},
+])
+def test_unclamped_fp8_codes_stay_in_range_where_amax_over_its_scale_rounds_up(scheme):
+    """Where the scale bounds |x/s| by the format's max (fp32 fl(amax/max), pow2, E8M0 no-clip rule) the
+    quantizer does not clamp: 20 000 blocks whose amax is a random float32 over 60 binades (with fp32
+    scales hundreds give x/s just above max) all give ml_dtypes' code of the clamped quotient, never NaN."""
+    g = torch.Generator().manual_seed(11)
+    amax = torch.exp2(torch.rand(20000, 1, generator=g) * 60 - 30) * (1 + torch.rand(20000, 1, generator=g))
+    x = torch.rand(20000, 32, generator=g) * 2 - 1
+    x[:, :1] = 1
+    x = (x * amax).float()
+    q = quantize(x, Scheme.model_validate(scheme), role="weight")
+    fmt = {"fp8_e5m2": ml_dtypes.float8_e5m2}.get(scheme["format"], ml_dtypes.float8_e4m3fn)
+    top = float(ml_dtypes.finfo(fmt).max)
+    scale = (q.scales.float() if scheme.get("scale_rule") != "ceil"
+             else torch.exp2(q.scales.to(torch.int32).float() - 127)).numpy().reshape(20000, 1)
+    ref = np.clip(x.numpy() / scale, -top, top).astype(fmt).view(np.uint8)
+    got = q.codes.view(torch.uint8).numpy()
+    assert np.array_equal(got, ref)
+    assert not np.isnan(got.view(fmt).astype(np.float32)).any()
+    if scheme.get("scale", "fp32") == "fp32" and scheme["format"] != "mxfp8":  # the case the clamp caught
+        assert (np.abs(x.numpy()[:, 0] / scale[:, 0]) > top).sum() > 100
