@@ -19,7 +19,7 @@ from pcc.models.base import CatalogError
 from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
 
-__all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "copies", "finite", "read",
+__all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "copies", "read",
            "read_rows", "read_small_int", "recognize", "rollout_of", "row_unit", "streams_codes"]
 
 
@@ -47,39 +47,17 @@ class Encoded:
         scales) is a ConvertError naming the tensor."""
         import torch
 
+        from pcc.numerics import all_finite
+
         n, k = self.enc.shape
         out = torch.empty(n, k, dtype=dtype or torch.float32)
         for r0, r1, v in _DECODE[self.enc.kind](self.enc, self.parts):
-            if not finite(v):
+            if not all_finite(v):
                 bad = (~torch.isfinite(v)).nonzero()[0].tolist()
                 raise ConvertError(f"{self.enc.name}: NaN or inf in its dequantized value at [{r0 + bad[0]}, {bad[1]}] "
                                    f"(the source's {self.enc.kind} codes or scales)")
             out[r0:r1] = v
         return out
-
-
-def finite(t) -> bool:
-    """All finite? Read in cache-sized chunks with numpy (several times faster than torch.isfinite on CPU);
-    BF16 and FP16 by their exponent bits."""
-    import numpy as np
-    import torch
-
-    if not t.is_floating_point():
-        return True
-    mask = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}.get(t.dtype)
-    if mask is None and t.dtype not in (torch.float32, torch.float64):
-        return bool(torch.isfinite(t.float()).all())
-    flat = t.reshape(-1)
-    a = flat.view(torch.int16).numpy() if mask is not None else flat.numpy()
-    step = 1 << 20
-    for i in range(0, a.size, step):
-        c = a[i:i + step]
-        if mask is not None:
-            if ((c & mask) == mask).any():
-                return False
-        elif not np.isfinite(c).all():
-            return False
-    return True
 
 
 def read(src, enc: Encoding) -> Encoded:
@@ -333,8 +311,10 @@ def _check_copied(enc: Encoding, out: dict) -> None:
     """Copied scales finite (and E8M0 byte 255, NaN, absent), FP8 codes not NaN: as the quantizer guarantees."""
     import torch
 
+    from pcc.numerics import all_finite
+
     for name, t in out.items():
-        if t.dtype != torch.float8_e4m3fn and not finite(t):
+        if t.dtype != torch.float8_e4m3fn and not all_finite(t):
             raise ConvertError(f"{enc.name}: source scale {name} holds NaN or inf")
         check_codes(enc, name, t)
     if enc.kind == "mxfp4" and bool((list(out.values())[1] == 255).any()):

@@ -540,9 +540,9 @@ def _check_finite(tensor, name: str, file: Path, first: int | None = None) -> No
     """NaN or inf anywhere is refused; `first`: the tensor is the flat piece starting at that element."""
     import torch
 
-    from pcc.convert.quantized import finite
+    from pcc.numerics import all_finite
 
-    if tensor.is_floating_point() and not finite(tensor):
+    if not all_finite(tensor):
         bad = (~torch.isfinite(tensor)).nonzero()[0].tolist()
         where = f"index {bad}" if first is None else f"flat element {first + bad[0]}"
         raise ConvertError(f"{file}: {name} holds NaN or inf (first at {where})")

@@ -14,6 +14,7 @@ from pcc.models.base import CatalogError
 from pcc.models.checkpoint import read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13
 _TORCH_DTYPES = {}  # filled on first use (torch is imported lazily)
 # Files a checkpoint directory may hold that the converter never copies: weights (the
 # converter writes its own), pickled weights (never read), and the configs it rewrites.
@@ -113,6 +114,10 @@ class Source:
             m = mmap.mmap(fd, skip + size, access=mmap.ACCESS_COPY, offset=base - skip)
         except (OSError, ValueError):
             return None
+        try:  # page tables filled here, in one call, not by page faults in the threads that compute
+            m.madvise(_MADV_POPULATE_READ)
+        except OSError:  # before Linux 5.14
+            pass
         return torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----

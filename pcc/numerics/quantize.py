@@ -407,6 +407,33 @@ def _over_rows(t: torch.Tensor, r: int, reduce: Callable) -> torch.Tensor:
     return reduce(t.view(-1, r, t.shape[-1]), dim=1)
 
 
+# Magnitude bits of each float format at and above which a value is inf or NaN (exponent all ones).
+_NONFINITE = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+              torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000)}
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """No NaN or inf in `x`: BF16/FP16/FP32 by the integer max of their magnitude bits (exact, several
+    times cheaper than torch.isfinite on CPU), in chunks on the chunk workers."""
+    if not x.is_floating_point():
+        return True
+    bits = _NONFINITE.get(x.dtype)
+    flat = x.reshape(-1)
+    parts = [slice(i, i + _CHUNK) for i in range(0, flat.numel(), _CHUNK)]
+    found = [True] * len(parts)
+
+    def scan(k):
+        c = flat[parts[k]]
+        if bits is None:  # float64 as it is; FP8 widened (isfinite has no FP8 kernel)
+            found[k] = bool(torch.isfinite(c if c.dtype == torch.float64 else c.float()).all())
+        else:
+            as_int, mask, top = bits
+            found[k] = int((c.view(as_int) & mask).max()) < top
+
+    run_chunks(scan, range(len(parts)))
+    return all(found)
+
+
 def tensor_amax(x: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """max |x| as a float32 scalar, read in row chunks on the chunk workers: the whole-tensor amax that
     tensor scaling and NVFP4's outer scale need, computed a piece at a time (the max of the pieces'

@@ -410,3 +410,24 @@ def test_unclamped_fp8_codes_stay_in_range_where_amax_over_its_scale_rounds_up(s
     assert not np.isnan(got.view(fmt).astype(np.float32)).any()
     if scheme.get("scale", "fp32") == "fp32" and scheme["format"] != "mxfp8":  # the case the clamp caught
         assert (np.abs(x.numpy()[:, 0] / scale[:, 0]) > top).sum() > 100
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64,
+                                   torch.float8_e4m3fn])
+def test_all_finite_agrees_with_numpy_on_every_special_value(small_chunks, dtype):
+    """all_finite (magnitude bits, chunks on the workers) against numpy's isfinite of the float64 values:
+    the largest finite value, subnormals and -0.0 are finite; one NaN or +-inf anywhere, in any chunk, is not."""
+    from pcc.numerics import all_finite
+
+    info = torch.finfo(dtype)
+    base = torch.tensor([info.max, -info.max, info.tiny / 4 if dtype != torch.float8_e4m3fn else info.tiny,
+                         -0.0, 0.0, 1.0], dtype=torch.float64).to(dtype)
+    x = base.repeat(5000)  # 30 000 elements: 8 chunks of 4096
+    assert all_finite(x) and np.isfinite(x.double().numpy()).all()
+    assert all_finite(torch.arange(10)) and all_finite(torch.empty(0, dtype=dtype))
+    specials = [float("nan")] + ([] if dtype == torch.float8_e4m3fn else [float("inf"), -float("inf")])
+    for bad in specials:
+        for at in (0, 4095, 4096, 29_999):
+            y = x.clone()
+            y.view(-1)[at] = bad
+            assert not all_finite(y) and not np.isfinite(y.double().numpy()).all()
