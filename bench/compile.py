@@ -8,9 +8,10 @@ alone, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
+
+from machine import machine
 
 from pcc.bundle import bundle_files
 from pcc.contract.io import load
@@ -27,12 +28,6 @@ def best(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
-
-
-def machine() -> str:
-    """Cores, load average and date, printed before and after the measurements."""
-    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-            + time.strftime(", %Y-%m-%d %H:%M %Z"))
 
 
 def main() -> None:

@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import add_busy, busy, machine
+
 ROOT = Path(tempfile.gettempdir()) / "pcc-bench-convert"
 SRC = ROOT / "src"
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -300,8 +302,7 @@ def calibration_child(label: str, calibrate: bool) -> None:
 
 
 def calibration() -> None:
-    print(f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-          + time.strftime(", %Y-%m-%d %H:%M %Z"))
+    print(machine())
     print(f"{'source':<24}{'parameters':>11}{'calibration':>13}{'whole, with':>13}{'whole, without':>16}"
           f"{'peak RSS with':>15}{'without':>10}")
     for label in CALIBRATION:
@@ -315,12 +316,7 @@ def calibration() -> None:
         print(f"{label:<24}{params / 1e6:>10.1f}M{r[True]['calibration']:>12.2f}s{r[True]['seconds']:>12.1f}s"
               f"{r[False]['seconds']:>15.1f}s{r[True]['peak_rss'] / 2**30:>11.1f} GiB"
               f"{r[False]['peak_rss'] / 2**30:>6.1f} GiB", flush=True)
-    print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-
-
-def machine() -> str:
-    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), load average "
-            + " ".join(f"{x:.2f}" for x in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
+    print("after: " + machine())
 
 
 def _has_llmcompressor(python: str) -> bool:
@@ -389,19 +385,12 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--busy", action="store_true", help="run a CPU-bound process beside the bench")
+    add_busy(ap)
     ap.add_argument("--llmcompressor-python", default=sys.executable,
                     help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
     args = ap.parse_args()
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
-    try:
-        if busy:
-            print("beside one CPU-bound process (--busy)")
+    with busy(args.busy):
         compare(args.rounds, args.llmcompressor_python)
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
+
+from machine import machine
 
 from pcc.diff import diff_plans
 from pcc.diff.compare import compare
@@ -59,12 +60,6 @@ def naive(pa, pb) -> int:
 
     a, b = index(pa), index(pb)
     return sum(a.get(t) != b.get(t) for t in set(a) | set(b))
-
-
-def machine() -> str:
-    """Cores, load average and date, printed before and after the measurements."""
-    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-            + time.strftime(", %Y-%m-%d %H:%M %Z"))
 
 
 def main() -> None:

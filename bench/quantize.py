@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from machine import add_busy, busy, machine
 
 from pcc.numerics import quantize
 
@@ -142,28 +140,17 @@ def run(n: int, rounds: int) -> None:
               f"{t['straightforward'] / t['pcc']:>15.1f}x{t['cast'] / t['pcc']:>9.2f}x  {same}", flush=True)
 
 
-def machine() -> str:
-    """Cores and load average (1, 5, 15 min) at this moment."""
-    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), load average "
-            + " ".join(f"{v:.2f}" for v in os.getloadavg()) + time.strftime(", %Y-%m-%d %H:%M %Z"))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--busy", action="store_true", help="run a CPU-bound process beside the bench")
+    add_busy(ap)
     args = ap.parse_args()
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
-    try:
-        print(machine() + (", beside one CPU-bound process (--busy)" if busy else ""))
+    with busy(args.busy):
+        print(machine())
         for n in args.sizes:
             run(n, args.rounds)
         print("after: " + machine())
-    finally:
-        if busy is not None:
-            busy.kill()
-            busy.wait()
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ The two run interleaved, in an order that alternates each round; each keeps its 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import time
 
+from machine import machine
 from pcc.contract.model import Contract
 from pcc.lang import Reporter, build
 from pcc.models import load_catalog
@@ -102,12 +102,6 @@ def interleaved(methods: dict, rounds: int) -> dict[str, float]:
             methods[name]()
             best[name] = min(best[name], time.perf_counter() - t)
     return best
-
-
-def machine() -> str:
-    """Cores, load average and date, printed before and after the measurements."""
-    return (f"{os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-            + time.strftime(", %Y-%m-%d %H:%M %Z"))
 
 
 def _has_compressed_tensors() -> bool:

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import machine
+
 import torch
 
 from pcc.models import load_catalog
@@ -295,12 +297,6 @@ def _ints(spec: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
-
-
-def machine() -> str:
-    """Cores, load average and date, printed before and after the measurements."""
-    return (f"{os.cpu_count()} cores, load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-            + time.strftime(", %Y-%m-%d %H:%M %Z"))
 
 
 if __name__ == "__main__":
