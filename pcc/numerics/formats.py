@@ -99,11 +99,6 @@ def floor_pow2(a: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int32) & 0x7F800000).view(torch.float32)
 
 
-def encode_e8m0(exponent: torch.Tensor) -> torch.Tensor:
-    """Unbiased power-of-two exponents -> E8M0 bytes (uint8, bias 127), clamped to [-127, 127]."""
-    return (exponent.to(torch.int32).clamp(-127, 127) + 127).to(torch.uint8)
-
-
 def decode_e8m0(byte: torch.Tensor) -> torch.Tensor:
     """E8M0 bytes -> float32 2**(byte-127); byte 255 is the format's NaN."""
     b = byte.to(torch.int32)

@@ -286,20 +286,28 @@ def _pow2_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.where(amax == 0, torch.ones_like(enc), 1.0 / enc)
 
 
-def _e8m0_scale(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: float = 0.0) -> torch.Tensor:
-    """E8M0 shared exponent; all-zero block -> 2**0.
+def _e8m0_exponent(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: float = 0.0) -> torch.Tensor:
+    """E8M0 shared exponent (int32, in [-127, 127]); an all-zero block -> 0.
 
-    "ocp" (OCP MX v1.0): floor(log2(amax)) - emax_elem; the block's largest values may clip.
+    "ocp" (OCP MX v1.0): floor(log2(amax)) - emax_elem; the block's largest values may clip. It is the
+    float32 exponent field of amax (a subnormal amax is below 2^-126 and clamps to -127 either way),
+    read from its bits: two integer ops where frexp and its masks were ten (a fifth of MXFP8's time).
     "ceil" (TransformerEngine MXFP8, ModelOpt/SGLang MXFP4): ceil(log2(amax / qmax)), the
     smallest power of two that never clips.
     """
-    safe = torch.where(amax > 0, amax, 1.0)
     if rule == "ceil":
+        safe = torch.where(amax > 0, amax, 1.0)
         mant, exp2 = torch.frexp(safe / qmax)  # v = mant * 2**exp2, mant in [0.5, 1)
-        exp = exp2 - (mant == 0.5).to(exp2.dtype)
+        exp = torch.where(amax > 0, exp2 - (mant == 0.5).to(exp2.dtype), 0)
     else:
-        exp = fm.floor_log2(safe) - emax_elem
-    return fm.encode_e8m0(torch.where(amax > 0, exp, 0))
+        bits = amax.view(torch.int32)
+        exp = ((bits >> 23) - (127 + emax_elem)).masked_fill_(bits == 0, 0)
+    return exp.clamp_(-127, 127)
+
+
+def _e8m0_factor(exp: torch.Tensor) -> torch.Tensor:
+    """float32 2**exp for exp in [-127, 127] (2^-127 is the one subnormal), exactly."""
+    return ((exp + 127) << 23).masked_fill_(exp == -127, 1 << 22).view(torch.float32)
 
 
 def _nvfp4_outer(g: torch.Tensor) -> torch.Tensor:
@@ -333,8 +341,8 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.T
         op = torch.mul  # TE multiplies by the block's encode factor
     else:
         if scheme.scale == "e8m0":
-            scales = _e8m0_scale(amax, _MX_EMAX[fmt], scheme.scale_rule, elem.max)
-            factor = fm.decode_e8m0(scales)
+            exp = _e8m0_exponent(amax, _MX_EMAX[fmt], scheme.scale_rule, elem.max)
+            scales, factor = (exp + 127).to(torch.uint8), _e8m0_factor(exp)
         else:
             scales = (_pow2_scale if scheme.scale == "pow2" else _fp32_scale)(amax, elem.max)
             factor = scales

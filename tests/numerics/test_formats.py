@@ -78,12 +78,11 @@ def test_fp8_decode_table_matches_cast():
     assert torch.equal(ours[~ref.isnan()], ref[~ref.isnan()])
 
 
-def test_e8m0_encode_decode():
+def test_e8m0_decode():
     bytes_ = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     vals = fm.decode_e8m0(bytes_)
     ref = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
     assert np.array_equal(vals.numpy(), ref, equal_nan=True)
-    assert fm.encode_e8m0(torch.tensor([-200, -127, 0, 5, 127, 300])).tolist() == [0, 0, 127, 132, 254, 254]
 
 
 def test_pow2_and_floor_log2_exact():

@@ -431,3 +431,24 @@ def test_all_finite_agrees_with_numpy_on_every_special_value(small_chunks, dtype
             y = x.clone()
             y.view(-1)[at] = bad
             assert not all_finite(y) and not np.isfinite(y.double().numpy()).all()
+
+
+def test_e8m0_exponents_and_factors_against_numpy_over_every_binade():
+    """The E8M0 exponent read from amax's float32 bits (OCP) and by frexp of amax/max (ceil) against
+    numpy's float64 frexp, and 2**e against np.ldexp, for amaxes in every binade (subnormals, 0, max):
+    the same bytes the OCP MX v1.0 rule and TransformerEngine's give."""
+    qm = importlib.import_module("pcc.numerics.quantize")
+    a = torch.arange(0, 0x7F800000, 4093, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    a = torch.cat([a, torch.tensor([0.0, 2.0**-149, 2.0**-127, 2.0**-126, 448.0, 896.0, 960.0, 3.4028235e38])])
+    an = a.numpy().astype(np.float64)
+    for emax, qmax in ((8, 448.0), (2, 6.0), (15, 57344.0)):
+        ocp = qm._e8m0_exponent(a, emax, "ocp", qmax).numpy()
+        ref = np.where(an > 0, np.frexp(np.where(an > 0, an, 1.0))[1] - 1 - emax, 0).clip(-127, 127)
+        assert np.array_equal(ocp, ref)
+        ceil = qm._e8m0_exponent(a, emax, "ceil", qmax).numpy()
+        r = (a.numpy() / np.float32(qmax)).astype(np.float64)  # the float32 quotient, as the rule takes it
+        m, e = np.frexp(np.where(an > 0, r, 1.0))
+        assert np.array_equal(ceil, np.where(an > 0, e - (m == 0.5), 0).clip(-127, 127))
+        for exp in (ocp, ceil):
+            got = qm._e8m0_factor(torch.from_numpy(exp)).numpy()
+            assert np.array_equal(got, np.ldexp(np.float32(1), exp).astype(np.float32))
