@@ -134,7 +134,22 @@ def _write_all(fd: int, buf, length: int) -> None:
         done += os.write(fd, view[done:])
 
 
-class _Direct:
+class _Sink:
+    """One shard's file being written; at most one write or flush of it runs on the disk thread."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self._pool = pool
+        self._pending: Future | None = None
+        self.written = 0  # bytes given to write(): the shard's size once it is complete
+
+    def _wait(self) -> None:
+        """The disk thread's work on this file has finished (its error is raised here)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+
+class _Direct(_Sink):
     """A shard written with O_DIRECT from two page-aligned staging buffers: one is filled while a
     thread of its own writes the other, so the disk works while the next tensors are computed, and
     no page cache is filled and written back. On ext4 here buffered writes cost 0.4-2.6 s of system
@@ -142,11 +157,11 @@ class _Direct:
     "Speed"). The last partial block is written zero-padded and the file truncated to its size."""
 
     def __init__(self, fd: int, pool: ThreadPoolExecutor):
-        self._fd, self._pool = fd, pool
+        super().__init__(pool)
+        self._fd = fd
         self._bufs = [mmap.mmap(-1, STAGE_BYTES) for _ in range(2)]
         self._views = [memoryview(b) for b in self._bufs]
-        self._k, self._fill, self._pending = 0, 0, None
-        self.written = 0
+        self._k, self._fill = 0, 0
 
     def write(self, data) -> None:
         data = memoryview(data).cast("B")
@@ -165,11 +180,6 @@ class _Direct:
         self._pending = self._pool.submit(_write_all, self._fd, self._bufs[self._k], length)
         self._k, self._fill = 1 - self._k, 0
 
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-
     def close(self) -> None:
         try:
             if self._fill:
@@ -187,16 +197,15 @@ class _Direct:
                 b.close()
 
 
-class _Buffered:
+class _Buffered(_Sink):
     """A shard written through the page cache where O_DIRECT is not offered (tmpfs, macOS): its data
     is fdatasynced in the background each FLUSH_BYTES, so the final fsync writes only the tail
     instead of the whole shard while nothing else runs."""
 
     def __init__(self, path: Path, pool: ThreadPoolExecutor):
-        self._f, self._pool = path.open("wb"), pool
-        self._pending: Future | None = None
+        super().__init__(pool)
+        self._f = path.open("wb")
         self._since = 0
-        self.written = 0
 
     def write(self, data) -> None:
         self._f.write(data)
@@ -208,11 +217,6 @@ class _Buffered:
             self._f.flush()
             self._pending = self._pool.submit(_DATASYNC, self._f.fileno())
             self._since = 0
-
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
 
     def close(self) -> None:
         try:
