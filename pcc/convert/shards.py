@@ -279,8 +279,10 @@ class ShardWriter:
         os.replace(tmp, self.root / shard.file)
         digest = self._h.hexdigest()
         self.digests[shard.file] = digest
-        rec = self.root / shard.record
-        rec.write_text(json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}), encoding="utf-8")
+        rec = self.root / shard.record  # whole or absent: a kill while writing it leaves only the .tmp
+        part = rec.with_name(rec.name + ".tmp")
+        part.write_text(json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}), encoding="utf-8")
+        os.replace(part, rec)
 
     def finish(self) -> None:
         self._pool.shutdown()
