@@ -1,7 +1,7 @@
 """Block-FP8 conversion of a generated ~2 GB BF16 checkpoint: `pcc convert` beside the I/O floor and the
 converters a user would pick instead, interleaved, on the machine as it is.
 
-    python bench/convert.py [--rounds 3] [--busy]   # generates the checkpoint once under $TMPDIR, then reuses it
+    python bench/convert.py [--rounds 3] [--busy [N]] [--layers 4]   # generates the checkpoint once under $TMPDIR
     python bench/convert.py --calibration          # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
     python bench/convert.py --memory [--baseline DIR]   # peak RSS with 512 MiB weights, per layout and source
 
@@ -40,9 +40,11 @@ from pathlib import Path
 from machine import add_busy, busy, machine
 
 ROOT = Path(tempfile.gettempdir()) / "pcc-bench-convert"
-SRC = ROOT / "src"
+# --layers N (handed to the children as PCC_BENCH_LAYERS): the same shapes with N decoder layers
+LAYERS = int(os.environ.get("PCC_BENCH_LAYERS", "4"))
+SRC = ROOT / ("src" if LAYERS == 4 else f"src-{LAYERS}-layers")
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-          "intermediate_size": 14336, "num_hidden_layers": 4, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "intermediate_size": 14336, "num_hidden_layers": LAYERS, "num_attention_heads": 32, "num_key_value_heads": 8,
           "head_dim": 128, "vocab_size": 16384, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
           "torch_dtype": "bfloat16"}
 CONTRACT = """contract bench-fp8 {
@@ -385,10 +387,15 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the generated checkpoint "
+                    "(4: 2.01 GB; each layer 0.44 GB more)")
     add_busy(ap)
     ap.add_argument("--llmcompressor-python", default=sys.executable,
                     help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
     args = ap.parse_args()
+    if args.layers != LAYERS:  # the module-level paths follow the environment: run again with it set
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]],
+                  os.environ | {"PCC_BENCH_LAYERS": str(args.layers)})
     with busy(args.busy):
         compare(args.rounds, args.llmcompressor_python)
 
