@@ -48,8 +48,8 @@ class Source:
         return self._read(name, piece=(first, count))
 
     def map(self, name: str, piece: tuple[int, int] | None = None):
-        """A stored tensor (or its flat elements [first, first + count)) over a private read-only-in-effect
-        mapping of just its bytes, instead of a copy: the converter's reads of BF16 weights, 4-5x cheaper
+        """A stored tensor (or its flat elements [first, first + count)) over a private mapping of just
+        its bytes, instead of a copy: the converter's reads of BF16 weights, 4-5x cheaper
         than pread's copy (bench/convert.py). The mapping is copy-on-write (a stray write never reaches
         the source file) and unmapped once the tensor and its views are gone, so RSS holds only the
         pieces in flight. Where the file cannot be mapped, the bytes are read as `load` reads them."""
