@@ -305,11 +305,6 @@ def _e8m0_exponent(amax: torch.Tensor, emax_elem: int, rule: str = "ocp", qmax: 
     return exp.clamp_(-127, 127)
 
 
-def _e8m0_factor(exp: torch.Tensor) -> torch.Tensor:
-    """float32 2**exp for exp in [-127, 127] (2^-127 is the one subnormal), exactly."""
-    return ((exp + 127) << 23).masked_fill_(exp == -127, 1 << 22).view(torch.float32)
-
-
 def _nvfp4_outer(g: torch.Tensor) -> torch.Tensor:
     """NVFP4's encode factor S_enc = 448*6 / amax(tensor), 1.0 if that is 0 (TransformerEngine)."""
     # a tensor numerator: `2688 / g` with a Python float is computed as g.reciprocal() * 2688, an ulp off
@@ -342,7 +337,7 @@ def _float_encoder(amax: torch.Tensor, scheme: Scheme, generator, outer: torch.T
     else:
         if scheme.scale == "e8m0":
             exp = _e8m0_exponent(amax, _MX_EMAX[fmt], scheme.scale_rule, elem.max)
-            scales, factor = (exp + 127).to(torch.uint8), _e8m0_factor(exp)
+            scales, factor = (exp + 127).to(torch.uint8), fm.pow2(exp)
         else:
             scales = (_pow2_scale if scheme.scale == "pow2" else _fp32_scale)(amax, elem.max)
             factor = scales
