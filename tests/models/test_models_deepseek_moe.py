@@ -29,6 +29,7 @@ from safetensors.torch import save_file  # noqa: E402
 from pcc.lower import compile_file  # noqa: E402
 from pcc.models import catalog_from_checkpoint  # noqa: E402
 from pcc.models.base import CatalogError  # noqa: E402
+from model_helpers import partial_copies  # noqa: E402
 
 DEEPSEEK_MOE_16B = {
     "architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "vocab_size": 102400, "hidden_size": 2048,
@@ -90,12 +91,7 @@ def saved(tmp_path_factory):
         weight_map.update(dict.fromkeys(part, file))
     (shards / "config.json").write_text(json.dumps(config))
     (shards / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    copies = {}
-    for kind, files in (("config-only", ("config.json",)), ("index-only", ("config.json", INDEX))):
-        copies[kind] = root / kind
-        copies[kind].mkdir()
-        for name in files:
-            shutil.copy(shards / name, copies[kind] / name)
+    copies = partial_copies(shards, root)
     return shards, copies, shapes
 
 

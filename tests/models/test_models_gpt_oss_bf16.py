@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from pcc.lower import compile_file  # noqa: E402
 from pcc.models import catalog_from_checkpoint  # noqa: E402
 from pcc.models.checkpoint import read_safetensors_header  # noqa: E402
 from pcc.models.quantized import recognize  # noqa: E402
+from model_helpers import partial_copies  # noqa: E402
 
 PUBLISHED = json.loads((Path(__file__).parent / "published" / "openai--gpt-oss-20b.config.json").read_text())
 TINY = dict(PUBLISHED, hidden_size=64, intermediate_size=96, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
@@ -47,12 +47,7 @@ def saved(tmp_path_factory):
     shards = root / "shards"
     model.save_pretrained(str(shards), max_shard_size="100KB")
     assert (shards / INDEX).exists()
-    copies = {}
-    for kind, files in (("config-only", ("config.json",)), ("index-only", ("config.json", INDEX))):
-        copies[kind] = root / kind
-        copies[kind].mkdir()
-        for name in files:
-            shutil.copy(shards / name, copies[kind] / name)
+    copies = partial_copies(shards, root)
     return shards, copies, model
 
 
@@ -162,16 +157,22 @@ def _tensors(directory) -> dict:
     return out
 
 
-def test_convert_experts_mxfp4_loads_in_transformers(saved, tmp_path, capsys):
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    shards, _, model = saved
+def _convert(shards: Path, rule: str, tmp_path: Path, capsys) -> tuple[Path, Path]:
+    """`pcc convert` of the saved model with one rollout rule: (the contract, the rollout checkpoint)."""
     contract = tmp_path / "convert.prec"
-    contract.write_text(f'contract c {{\n  model from "{shards}"\n  hardware B200\n  rollout sglang {{\n    experts : mxfp4\n'
+    contract.write_text(f'contract c {{\n  model from "{shards}"\n  hardware B200\n  rollout sglang {{\n    {rule}\n'
                         "  }\n  trainer megatron {\n    gemm : bf16\n  }\n  routing replay rollout\n}\n", encoding="utf-8")
     dst = tmp_path / "rollout"
     code = main(["convert", str(contract), "--source", str(shards), "-o", str(dst), "--json"])
     assert code == 0, capsys.readouterr().out
+    return contract, dst
+
+
+def test_convert_experts_mxfp4_loads_in_transformers(saved, tmp_path, capsys):
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    shards, _, model = saved
+    _, dst = _convert(shards, "experts : mxfp4", tmp_path, capsys)
     written = _tensors(dst)
     state = {n: t.float() for n, t in written.items() if not n.endswith(("_blocks", "_scales"))}
     for layer in range(2):
@@ -193,12 +194,7 @@ def test_convert_experts_kept_bf16_loads_in_gpt_oss_for_causal_lm(saved, tmp_pat
     """Experts kept wide: the rollout checkpoint is transformers' own BF16 layout, every tensor the source's
     bytes, loaded by `from_pretrained` with nothing missing or unexpected and the same logits."""
     shards, _, _ = saved
-    contract = tmp_path / "convert.prec"
-    contract.write_text(f'contract c {{\n  model from "{shards}"\n  hardware B200\n  rollout sglang {{\n    all : bf16\n'
-                        "  }\n  trainer megatron {\n    gemm : bf16\n  }\n  routing replay rollout\n}\n", encoding="utf-8")
-    dst = tmp_path / "rollout"
-    code = main(["convert", str(contract), "--source", str(shards), "-o", str(dst), "--json"])
-    assert code == 0, capsys.readouterr().out
+    contract, dst = _convert(shards, "all : bf16", tmp_path, capsys)
     source, written = _tensors(shards), _tensors(dst)
     assert sorted(written) == sorted(source)
     for name, t in source.items():

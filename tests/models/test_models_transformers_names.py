@@ -13,13 +13,13 @@ tests/config/base_model_arch_groundtruth.json records it (hidden 5120, 92 layers
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from pcc.lower import compile_file
 from pcc.models import catalog_from_checkpoint
+from model_helpers import partial_copies
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,13 +68,7 @@ def saved(request, tmp_path_factory):
     model.save_pretrained(str(shards), max_shard_size="200KB")
     saved_config = json.loads((shards / "config.json").read_text())
     assert (shards / "model.safetensors.index.json").exists()  # more than one shard
-    copies = {}
-    index = "model.safetensors.index.json"
-    for kind, files in (("config-only", ("config.json",)), ("index-only", ("config.json", index))):
-        copies[kind] = root / kind
-        copies[kind].mkdir()
-        for name in files:
-            shutil.copy(shards / name, copies[kind] / name)
+    copies = partial_copies(shards, root)
     return shards, copies, rule, saved_config
 
 
