@@ -15,11 +15,30 @@ from pcc.models.checkpoint import read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13
+_MADVISE = []  # libc's madvise, looked up on first use
 _TORCH_DTYPES = {}  # filled on first use (torch is imported lazily)
 # Files a checkpoint directory may hold that the converter never copies: weights (the
 # converter writes its own), pickled weights (never read), and the configs it rewrites.
 _NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".ckpt", ".msgpack", ".h5")
 _REWRITTEN = (INDEX, "config.json", "hf_quant_config.json", "pcc_convert.json")
+
+
+def _populate(address: int, length: int) -> None:
+    """Fill the page tables of a mapping in one call (MADV_POPULATE_READ), not by page faults in the
+    threads that compute. Through ctypes, which lets go of the GIL (mmap.madvise holds it: 3-5 ms per
+    64 MiB piece in which no other thread of the converter ran Python); a kernel before 5.14, or a
+    platform without madvise, leaves the pages to be faulted in."""
+    if not _MADVISE:
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None).madvise
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _MADVISE.append(fn)
+    if _MADVISE[0] is not None:
+        _MADVISE[0](address, length, _MADV_POPULATE_READ)  # -1 (EINVAL) before Linux 5.14: faulted in instead
 
 
 @dataclass
@@ -114,11 +133,9 @@ class Source:
             m = mmap.mmap(fd, skip + size, access=mmap.ACCESS_COPY, offset=base - skip)
         except (OSError, ValueError):
             return None
-        try:  # page tables filled here, in one call, not by page faults in the threads that compute
-            m.madvise(_MADV_POPULATE_READ)
-        except OSError:  # before Linux 5.14
-            pass
-        return torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
+        window = torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
+        _populate(window.data_ptr() - skip, skip + size)
+        return window
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----
 

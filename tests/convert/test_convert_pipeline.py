@@ -104,6 +104,42 @@ def test_mapped_reads_equal_pread_never_write_the_source_and_fall_back(moe, tmp_
         shard.write_bytes(before)
 
 
+def _mapped_rss(address: int) -> int:
+    """Bytes of the mapping holding `address` that are in its page tables (/proc/self/smaps Rss)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for k, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            if lo <= address < hi:
+                rss = next(v for v in lines[k + 1:] if v.startswith("Rss:"))
+                return int(rss.split()[1]) * 1024
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_mapped_piece_has_its_page_tables_filled(tmp_path):
+    """Source.map fills the window's page tables in one madvise (through ctypes, without the GIL):
+    the whole piece is resident in the mapping before any thread touches it."""
+    import os
+
+    from pcc.convert.source import open_source
+
+    release = tuple(int(v) for v in os.uname().release.split(".")[:2]) if hasattr(os, "uname") else (0, 0)
+    if not os.path.exists("/proc/self/smaps") or release < (5, 14):
+        pytest.skip("MADV_POPULATE_READ and smaps are Linux >= 5.14")
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    save_file({"w": torch.arange(1 << 20, dtype=torch.float32)}, str(src_dir / "model.safetensors"))
+    (src_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    src = open_source(src_dir)
+    try:
+        w = src.map("w")
+        assert _mapped_rss(w.data_ptr()) >= w.numel() * 4
+        assert torch.equal(w, torch.arange(1 << 20, dtype=torch.float32))
+    finally:
+        src.close()
+
+
 def _tensors(d):
     out = {}
     for f in d.glob("*.safetensors"):
