@@ -12,8 +12,8 @@ page-faulted in afresh, which is most of the cost of a whole-tensor implementati
 CPU.  A chunk is read once: its block amax, scales and codes are computed together
 (a whole-tensor amax, for tensor scaling and NVFP4's outer scale, is one pass before).
 
-Chunks run on a pool of worker threads, one per usable core, each with ONE intra-op
-thread, taking chunks from a shared queue.  torch's own OpenMP parallelism waits at
+Chunks run on a pool of worker threads, one per usable core and kept on it, each with ONE
+intra-op thread, taking chunks from a shared queue.  torch's own OpenMP parallelism waits at
 every operator for its slowest thread; on a loaded machine one of them is often
 descheduled by another process, and chunked quantizers ran 5-10x slower with two
 OpenMP threads than with one (bench/quantize.py, docs/numerics.md "Speed").  With a
@@ -57,8 +57,14 @@ def cores() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The chunk workers, started once: one per core, each with one intra-op thread.
+    """The chunk workers, started once: one per core, each with one intra-op thread, each kept on
+    a core of its own (where the platform lets a thread set its affinity).
 
+    Unpinned, the kernel's balancer left the converter's threads sharing one core beside a
+    CPU-bound process that had the other to itself (both cores looked fully busy to it); pinned,
+    each core's run queue is shared fairly: a conversion beside one such process took 2.6 s
+    instead of 3.3, beside two 3.4 instead of 4.6, and the same quiet (docs/numerics.md "Speed").
+    Chunks come from a shared queue, so a worker whose core is crowded simply takes fewer.
     torch.set_num_threads is per thread for the thread that calls it, but also sets the
     default of threads that start later; the caller's own count is put back once every
     worker has set its own."""
@@ -68,11 +74,18 @@ def _pool() -> ThreadPoolExecutor:
             n = cores()
             keep = torch.get_num_threads()
             ready = threading.Barrier(n + 1)
+            cpus = iter(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
 
             def init():
                 _WORKER.active = True
                 torch.get_num_threads()  # torch initialises a thread's count on first use: do that first
                 torch.set_num_threads(1)
+                cpu = next(cpus, None)  # (each worker runs init once, holding the GIL here)
+                if cpu is not None:
+                    try:
+                        os.sched_setaffinity(0, {cpu})  # 0: the calling thread, on Linux
+                    except OSError:  # a sandbox that refuses it: the kernel places the thread
+                        pass
                 ready.wait()
 
             pool = ThreadPoolExecutor(n, thread_name_prefix="pcc-chunks")

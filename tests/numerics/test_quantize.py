@@ -336,6 +336,29 @@ def test_chunks_run_on_workers_with_one_intra_op_thread(small_chunks):
         qm.run_chunks(lambda k: 1 / (k - 3), range(6))
 
 
+def test_chunk_workers_are_kept_on_distinct_cores_and_the_caller_is_not(small_chunks):
+    """Each worker is pinned to one core of the process's mask (the kernel's balancer otherwise left
+    them sharing one core beside a busy neighbour), and the caller's own affinity is untouched."""
+    import os
+
+    qm = small_chunks
+    if not hasattr(os, "sched_getaffinity") or qm.cores() < 2:
+        pytest.skip("needs per-thread affinity (Linux) and two usable cores")
+    mask = os.sched_getaffinity(0)
+    qm._pool()
+    seen, gate = {}, threading.Barrier(qm.cores())
+
+    def where(k):
+        gate.wait(timeout=10)  # every worker holds one item at once, so each reports
+        seen[threading.current_thread().name] = os.sched_getaffinity(0)
+
+    qm.run_chunks(where, range(qm.cores()))
+    assert len(seen) == qm.cores()
+    pinned = [next(iter(m)) for m in seen.values()]
+    assert all(len(m) == 1 for m in seen.values()) and len(set(pinned)) == len(pinned) and set(pinned) <= mask
+    assert os.sched_getaffinity(0) == mask
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_inputs_amax_by_magnitude_bits(dtype):
     # block amax of BF16/FP16 inputs is taken on their magnitude bits: subnormals, -0.0, the largest
