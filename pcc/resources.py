@@ -18,3 +18,12 @@ def data_dir(name: str) -> Path:
         if path.is_dir():
             return path
     raise FileNotFoundError(f"pcc data folder {name!r} not found (broken install?)")
+
+
+def target_table(name: str) -> dict:
+    """targets/NAME.yaml, read with libyaml's safe loader where PyYAML was built with it (the same
+    documents, 8x faster than the pure-Python one: 35 ms of every command), else the pure one."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load((data_dir("targets") / f"{name}.yaml").read_text(encoding="utf-8"), Loader=loader)

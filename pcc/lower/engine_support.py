@@ -14,16 +14,14 @@ import functools
 import re
 from typing import Callable
 
-import yaml
 
 from pcc.lower import unsupported
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 
 @functools.cache
 def table() -> dict:
-    with open(data_dir("targets") / "engines.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return target_table("engines")
 
 
 def targeted(engine: str) -> str:

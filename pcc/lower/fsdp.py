@@ -17,12 +17,11 @@ from __future__ import annotations
 import functools
 import json
 
-import yaml
 
 from pcc.lower import PATH_VARIABLES, Lowered, Unsupported, target, unsupported
 from pcc.plan import Plan
 from pcc.plan.patterns import NON_GEMM
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 FILE = "trainer/fsdp.json"
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -30,8 +29,7 @@ GEMMS = ("fprop", "dgrad", "wgrad")
 
 @functools.cache
 def tables() -> dict:
-    with open(data_dir("targets") / "fsdp.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return target_table("fsdp")
 
 
 def module_name(tensor: str) -> str:

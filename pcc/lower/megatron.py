@@ -18,7 +18,7 @@ from pcc.lower import Lowered, Unsupported, target, unsupported
 from pcc.lower.engine_support import check
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 TE_FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 PRECISION_FILE = "trainer/te_precision.yaml"
@@ -26,8 +26,7 @@ PRECISION_FILE = "trainer/te_precision.yaml"
 
 @functools.cache
 def tables() -> dict:
-    with open(data_dir("targets") / "megatron.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    return target_table("megatron")
 
 
 def _spec(plan: Plan, comp: str, i: int):

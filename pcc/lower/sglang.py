@@ -11,14 +11,13 @@ from __future__ import annotations
 import functools
 import json
 
-import yaml
 
 from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.lower.engine_support import check
 from pcc.plan import Plan
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_server.sh"
 ARGS_FILE = "rollout/server_args.txt"
@@ -27,7 +26,7 @@ QUANT_FILE = "rollout/quantization_config.json"
 
 @functools.lru_cache(maxsize=1)
 def tables() -> dict:
-    return yaml.safe_load((data_dir("targets") / "sglang.yaml").read_text(encoding="utf-8"))
+    return target_table("sglang")
 
 
 def _kv_cache_dtype(plan: Plan) -> str:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import functools
 import shlex
 
-import yaml
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.plan import Plan
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 OVERRIDES_FILE = "verl/overrides.txt"
 LAUNCH = "verl/launch.sh"
@@ -58,7 +57,7 @@ def contract_field(key: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def tables() -> dict:
-    return yaml.safe_load((data_dir("targets") / "verl.yaml").read_text(encoding="utf-8"))
+    return target_table("verl")
 
 
 def _value(v) -> str:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import functools
 import json
 
-import yaml
 
 from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.plan import Plan
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_vllm.sh"
 ARGS_FILE = "rollout/vllm_args.txt"
@@ -28,7 +27,7 @@ QUANT_FILE = "rollout/quantization_config.json"
 
 @functools.lru_cache(maxsize=1)
 def tables() -> dict:
-    return yaml.safe_load((data_dir("targets") / "vllm.yaml").read_text(encoding="utf-8"))
+    return target_table("vllm")
 
 
 def _layout(plan: Plan) -> str:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import yaml
 
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 
 @lru_cache(maxsize=1)
 def hardware_table() -> dict[str, dict]:
-    with open(data_dir("targets") / "hardware.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)["hardware"]
+    return target_table("hardware")["hardware"]
 
 
 def gemm_support(hardware: str, fmt: str, weight_only: bool) -> str:
