@@ -14,7 +14,6 @@ import functools
 import re
 from typing import Callable
 
-
 from pcc.lower import unsupported
 from pcc.resources import target_table
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 
-
 from pcc.lower import PATH_VARIABLES, Lowered, Unsupported, target, unsupported
 from pcc.plan import Plan
 from pcc.plan.patterns import NON_GEMM

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 
-
 from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.server_script import Server, request_caveats, server_script

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import shlex
 
-
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.plan import Plan
