@@ -14,7 +14,8 @@ file fsynced before the clock stops):
   given by --llmcompressor-python (default: this one) can import it (`pip install -e .[bench]`); it
   does not fsync, so the bench fsyncs its files and counts that.
 Each round runs every method once, in an order that alternates each round; each method keeps its
-best round. Cores and load average are printed before and after. `--busy` runs a CPU-bound process
+best round, with that round's CPU seconds (user + kernel time of all its threads: where neighbours
+hold the cores, a method's time follows them). Cores and load average are printed before and after. `--busy` runs a CPU-bound process
 beside it all.
 `--calibration`: the cost of NVFP4 input-scale calibration (docs/convert.md "Input scales"), each
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
@@ -271,12 +272,14 @@ LABELS = {"floor": "safetensors read+write", "straightforward": "straightforward
 def child(method: str) -> None:
     dst = ROOT / f"out-{method}"
     shutil.rmtree(dst, ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     METHODS[method](dst)
     secs = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # every thread, user + kernel
     shutil.rmtree(dst, ignore_errors=True)
-    print(json.dumps({"seconds": secs, "peak_rss": rss}))
+    print(json.dumps({"seconds": secs, "cpu": cpu, "peak_rss": after.ru_maxrss * 1024}))
 
 
 def calibration_child(label: str, calibrate: bool) -> None:
@@ -346,13 +349,14 @@ def compare(rounds: int, llmc_python: str) -> None:
             if out.returncode != 0:
                 raise SystemExit(f"{m} failed:\n{out.stderr[-3000:]}")
             runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    best = {m: {"seconds": min(r["seconds"] for r in rs), "peak_rss": max(r["peak_rss"] for r in rs),
+    best = {m: {**min(rs, key=lambda r: r["seconds"]), "peak_rss": max(r["peak_rss"] for r in rs),
                 "all": [round(r["seconds"], 2) for r in rs]} for m, rs in runs.items()}
-    print(f"{'method':<31}{'GB/s of input':>14}{'seconds':>9}{'x floor':>9}{'peak RSS':>11}  every round (s); RSS: the largest")
+    print(f"{'method':<31}{'GB/s of input':>14}{'seconds':>9}{'x floor':>9}{'CPU s':>7}{'peak RSS':>11}"
+          "  every round (s); CPU: the best round's; RSS: the largest")
     for m in names:
         r = best[m]
         print(f"{LABELS[m]:<31}{size / r['seconds'] / 1e9:>14.2f}{r['seconds']:>9.2f}"
-              f"{r['seconds'] / best['floor']['seconds']:>9.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}")
+              f"{r['seconds'] / best['floor']['seconds']:>9.2f}{r['cpu']:>7.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}")
     print("after: " + machine())
 
 
