@@ -48,12 +48,19 @@ _POOL_LOCK = threading.Lock()
 _WORKER = threading.local()
 
 
-def cores() -> int:
-    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
+def _cpus() -> list[int] | None:
+    """The CPUs the calling thread may run on (its affinity mask, which containers and taskset
+    narrow; a chunk worker's is its one core), or None where the platform does not say (not Linux)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return None
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    cpus = _cpus()
+    return max(1, len(cpus)) if cpus is not None else os.cpu_count() or 1
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -74,7 +81,7 @@ def _pool() -> ThreadPoolExecutor:
             n = cores()
             keep = torch.get_num_threads()
             ready = threading.Barrier(n + 1)
-            cpus = iter(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
+            cpus = iter(_cpus() or [])
 
             def init():
                 _WORKER.active = True
@@ -398,19 +405,21 @@ def _int_encoder(amax: torch.Tensor, amin: torch.Tensor, scheme: Scheme, generat
     return scales, zero_point, (scales, zp), fn, torch.int8
 
 
-# Magnitude bits of 16-bit floats: for x >= 0 their order as integers is their order as values
-# (subnormals, inf and NaN above inf included), so max|x| is an integer max of (bits & mask).
-_MAGNITUDE = {torch.bfloat16: (torch.int16, 0x7FFF), torch.float16: (torch.int16, 0x7FFF)}
+# Magnitude bits of floats: for x >= 0 their order as integers is their order as values
+# (subnormals, inf and NaN above inf included), so max|x| is an integer max of (bits & mask);
+# and the magnitude at and above which a value is inf or NaN (exponent all ones).
+_MAGNITUDE = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
+              torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000)}
 
 
 def _stats(xc: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunk [r, nbc, C] as stored -> per row and run max|x| (or max and min when `signed`), float32.
-    BF16/FP16 magnitudes are compared as integers: half the bytes of a float32 abs, and exact."""
+    Magnitudes are compared as integers: exact, without a float32 abs (for BF16/FP16, of half its bytes)."""
     if signed:
         xs = xc.float()
         return xs.amax(-1), xs.amin(-1)
     if xc.dtype in _MAGNITUDE:
-        as_int, mask = _MAGNITUDE[xc.dtype]
+        as_int, mask, _ = _MAGNITUDE[xc.dtype]
         return (xc.view(as_int) & mask).amax(-1).view(xc.dtype).float(), None
     return xc.float().abs().amax(-1), None
 
@@ -423,17 +432,12 @@ def _over_rows(t: torch.Tensor, r: int, reduce: Callable) -> torch.Tensor:
     return reduce(t.view(-1, r, t.shape[-1]), dim=1)
 
 
-# Magnitude bits of each float format at and above which a value is inf or NaN (exponent all ones).
-_NONFINITE = {torch.bfloat16: (torch.int16, 0x7FFF, 0x7F80), torch.float16: (torch.int16, 0x7FFF, 0x7C00),
-              torch.float32: (torch.int32, 0x7FFFFFFF, 0x7F800000)}
-
-
 def all_finite(x: torch.Tensor) -> bool:
     """No NaN or inf in `x`: BF16/FP16/FP32 by the integer max of their magnitude bits (exact, several
     times cheaper than torch.isfinite on CPU), in chunks on the chunk workers."""
     if not x.is_floating_point():
         return True
-    bits = _NONFINITE.get(x.dtype)
+    bits = _MAGNITUDE.get(x.dtype)
     flat = x.reshape(-1)
     parts = [slice(i, i + _CHUNK) for i in range(0, flat.numel(), _CHUNK)]
     found = [True] * len(parts)
