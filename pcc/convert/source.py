@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import mmap
@@ -15,7 +16,6 @@ from pcc.models.checkpoint import read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13
-_MADVISE = []  # libc's madvise, looked up on first use
 _TORCH_DTYPES = {}  # filled on first use (torch is imported lazily)
 # Files a checkpoint directory may hold that the converter never copies: weights (the
 # converter writes its own), pickled weights (never read), and the configs it rewrites.
@@ -23,22 +23,27 @@ _NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".ckpt", 
 _REWRITTEN = (INDEX, "config.json", "hf_quant_config.json", "pcc_convert.json")
 
 
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    """libc's madvise through ctypes (which lets go of the GIL while it runs), or None without one."""
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
 def _populate(address: int, length: int) -> None:
     """Fill the page tables of a mapping in one call (MADV_POPULATE_READ), not by page faults in the
-    threads that compute. Through ctypes, which lets go of the GIL (mmap.madvise holds it: 3-5 ms per
-    64 MiB piece in which no other thread of the converter ran Python); a kernel before 5.14, or a
-    platform without madvise, leaves the pages to be faulted in."""
-    if not _MADVISE:
-        try:
-            import ctypes
-
-            fn = ctypes.CDLL(None).madvise
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _MADVISE.append(fn)
-    if _MADVISE[0] is not None:
-        _MADVISE[0](address, length, _MADV_POPULATE_READ)  # -1 (EINVAL) before Linux 5.14: faulted in instead
+    threads that compute; not mmap.madvise, which holds the GIL (3-5 ms per 64 MiB piece in which no
+    other thread of the converter ran Python). A kernel before 5.14 (the call returns -1, EINVAL) or a
+    platform without madvise leaves the pages to be faulted in."""
+    fn = _madvise()
+    if fn is not None:
+        fn(address, length, _MADV_POPULATE_READ)
 
 
 @dataclass
