@@ -26,6 +26,8 @@ import os
 import sys
 from pathlib import Path
 
+from pcc.lang.outputs import write_atomic
+
 EXIT_OK = 0
 EXIT_ERRORS = 1  # errors found, the operation failed, or (diff, fmt --check) changes found
 EXIT_USAGE = 2  # usage error, or an input argument that names nothing readable
@@ -194,7 +196,7 @@ def _emit(rep: Report, text: str, out: str | None) -> int:
     """Write to `out` atomically, or to stdout (not with --json: the envelope carries it)."""
     if out:
         try:
-            _atomic_write(Path(out), text)
+            write_atomic(Path(out), text)
         except OSError as exc:
             return rep.fail(f"{out}: cannot write: {exc.strerror}", file=out, code="PCC709")
     elif not rep.json:
@@ -249,7 +251,7 @@ def cmd_fmt(args, rep: Report) -> int:
         elif args.write:
             if out != text:
                 try:
-                    _atomic_write(Path(path), out)
+                    write_atomic(Path(path), out)
                 except OSError as exc:
                     rep.error(f"{path}: cannot write: {exc.strerror}", path, code="PCC709")
                     status = max(status, EXIT_ERRORS)
@@ -275,26 +277,13 @@ def cmd_schema(args, rep: Report) -> int:
         else:
             try:
                 out.mkdir(parents=True, exist_ok=True)
-                _atomic_write(target, text)
+                write_atomic(target, text)
             except OSError as exc:
                 return rep.fail(f"{target}: cannot write: {exc.strerror}", file=str(target), code="PCC709")
     for s in stale:
         rep.error(f"{s}: stale; run 'pcc schema --out {out}'", file=s)
     rep.result = {"out": str(out), "check": args.check, "files": names, "stale": stale}
     return EXIT_ERRORS if stale else EXIT_OK
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write beside the target and rename, so a reader never sees half a file."""
-    path = path.resolve()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _default_schema_dir() -> str:

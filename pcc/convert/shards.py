@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcc.convert import ConvertError
+from pcc.lang.outputs import write_atomic
 
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64", "float8_e4m3fn": "F8_E4M3",
              "float8_e5m2": "F8_E5M2", "uint8": "U8", "int8": "I8", "int16": "I16", "int32": "I32",
@@ -284,10 +285,8 @@ class ShardWriter:
         os.replace(tmp, self.root / shard.file)
         digest = self._h.hexdigest()
         self.digests[shard.file] = digest
-        rec = self.root / shard.record  # whole or absent: a kill while writing it leaves only the .tmp
-        part = rec.with_name(rec.name + ".tmp")
-        part.write_text(json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}), encoding="utf-8")
-        os.replace(part, rec)
+        # whole or absent: a kill while writing it leaves only a temporary file
+        write_atomic(self.root / shard.record, json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}))
 
     def finish(self) -> None:
         self._pool.shutdown()

@@ -4,25 +4,10 @@ coded error), 2 when SOURCE names nothing readable (docs/cli.md). The handler is
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import tempfile
-from pathlib import Path
 
-
-def write_atomic(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+from pcc.lang.outputs import write_atomic
 
 
 def cmd_import(args, rep) -> int:
