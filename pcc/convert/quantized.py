@@ -345,18 +345,20 @@ def _has_e4m3_nan(t) -> bool:
     return False
 
 
-def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy: bool | None = None) -> dict:
+def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy: bool | None = None,
+               out=None) -> dict:
     """Operator i's rollout tensors from what the source holds: a plain tensor goes through
     `rollout_tensors`; an encoded one is copied when its encoding is the rollout scheme's (`copy`:
     the caller's `copied`, which also looks at its scale group), else dequantized (float32) and
     quantized again, or, kept wide, written as its BF16 rounding. The one function `pcc convert`
     writes with and `pcc verify-checkpoint --source` checks against. `amax` and `rows` as for
-    `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy)."""
+    `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy); `out`, storage for the
+    codes, is used where the weight is quantized."""
     from pcc.layout.tensors import rollout_tensors
     from pcc.lower.converter import tensor_targets
 
     if not isinstance(loaded, Encoded):
-        return rollout_tensors(plan, i, loaded, rows=rows, amax=amax)
+        return rollout_tensors(plan, i, loaded, rows=rows, amax=amax, out=out)
     t = tensor_targets(plan, i)
     if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]) if copy is None else copy:
         if rows is not None:
@@ -367,4 +369,4 @@ def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy:
 
         (name, want), = t["targets"].items()
         return {name: loaded.dequantize(getattr(torch, want["dtype"]))}
-    return rollout_tensors(plan, i, loaded.dequantize(), rows=rows, amax=amax)
+    return rollout_tensors(plan, i, loaded.dequantize(), rows=rows, amax=amax, out=out)

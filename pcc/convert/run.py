@@ -39,6 +39,7 @@ _IN_FLIGHT = 4  # source pieces mapped at once: two queued, one being computed, 
 PIECE_BYTES = 64 << 20
 _ST_TORCH = {v: k for k, v in ST_DTYPES.items()}  # safetensors dtype -> the plan's torch name
 _GLOBAL_SCALE = ("fp8_tensor", "nvfp4")  # layouts whose scale needs a whole-tensor (or group) amax
+_RECYCLE_MIN = 1 << 20  # codes at least this large are quantized into recycled buffers (`_Recycled`)
 
 
 def partial_dir(dst: Path) -> Path:
@@ -212,6 +213,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 continue
 
     slots = _Slots(_IN_FLIGHT, stop)
+    recycled = _Recycled()
     amaxes: dict[tuple, object] = {}  # scale members -> their amax (a group's, computed at its first member)
 
     def reader():
@@ -288,10 +290,12 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 item = out.get()
                 if item is _DONE:
                     return
-                name, tensor, nread, release, last = item
-                writer.write(name, _raw(tensor), last)
+                name, tensor, nread, release, last, spent = item
+                writer.write(name, _raw(tensor), last)  # (its bytes are copied or written when it returns)
                 if release is not None:
                     slots.give()
+                if spent is not None:
+                    recycled.give(spent)
                 if bar is not None and nread:
                     bar.update(nread)
         except BaseException as err:
@@ -323,7 +327,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 name = it["source"]
                 _check_finite(piece, name, src.file_of(name), first)
                 if writer.wanted(name):
-                    put(out, (name, piece, piece.numel() * piece.element_size(), buf, final))
+                    put(out, (name, piece, piece.numel() * piece.element_size(), buf, final, None))
                 else:
                     slots.give()
                 continue
@@ -335,24 +339,28 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                     first = next(iter(targets))
                     check_codes(enc, first, value)
                     if writer.wanted(first):
-                        put(out, (first, value, _nbytes(value), buf, final))
+                        put(out, (first, value, _nbytes(value), buf, final, None))
                     else:
                         slots.give()
                     continue
                 for n, t in copied_tensors(enc, value.parts, targets).items():
                     if writer.wanted(n):
-                        put(out, (n, input_scales.get(n, t), _nbytes(t), None, True))
+                        put(out, (n, input_scales.get(n, t), _nbytes(t), None, True, None))
                 continue
             if it["rows"]:  # a row piece of a quantized weight: its codes now, the rest after the last piece
                 r0, rows, final = tensor
-                got = {n: input_scales.get(n, t) for n, t in _rows_piece(plan, src, it, r0, rows).items()}
+                nrows = rows.enc.shape[0] if isinstance(rows, Encoded) else rows.shape[0]
+                spent = _codes_out(plan, it, nrows, recycled)
+                got = {n: input_scales.get(n, t) for n, t in _rows_piece(plan, src, it, r0, rows, spent).items()}
                 nread = _nbytes(rows)
                 if buf is not None:
                     slots.give()
                 del rows, buf, tensor  # a mapped piece is unmapped once nothing views it
                 names = list(got)
                 if writer.wanted(names[0]):
-                    put(out, (names[0], got[names[0]], nread, None, final))
+                    put(out, (names[0], got[names[0]], nread, None, final, spent))
+                elif spent is not None:
+                    recycled.give(spent)
                 for n in names[1:]:
                     row_parts.setdefault(n, []).append(got[n])
                 if final:
@@ -361,18 +369,21 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                         parts = row_parts.pop(n)
                         t = parts[-1] if list(parts[-1].shape) == list(whole[n]["shape"]) else torch.cat(parts)
                         if writer.wanted(n):
-                            put(out, (n, t, 0, None, True))
+                            put(out, (n, t, 0, None, True, None))
                 continue
             nread = _src_bytes(src, it["source"])
-            pieces = [p for p in _compute(plan, src, it, tensor, fused, place_fused, input_scales)
+            spent = _codes_out(plan, it, None, recycled)
+            pieces = [p for p in _compute(plan, src, it, tensor, fused, place_fused, input_scales, spent)
                       if writer.wanted(p[0])]
             del tensor
             # the read buffer goes back once nothing still to be written is a view of it
             last = max((k for k, (_, t, _) in enumerate(pieces) if buf is not None and _shares(t, buf)), default=None)
             if buf is not None and last is None:
                 slots.give()
-            for k, (name, t, final) in enumerate(pieces):
-                put(out, (name, t, nread, buf if k == last else None, final))
+            if spent is not None and not pieces:
+                recycled.give(spent)
+            for k, (name, t, final) in enumerate(pieces):  # the codes buffer goes back after the item's last
+                put(out, (name, t, nread, buf if k == last else None, final, spent if k == len(pieces) - 1 else None))
                 nread = 0
     except BaseException as err:
         errors.append(err)
@@ -409,16 +420,64 @@ class _Slots:
         self._free.release()
 
 
-def _rows_piece(plan, src: Source, it: dict, r0: int, rows) -> dict:
+class _Recycled:
+    """Buffers the writer has finished with, for the next quantized tensors' codes (`quantize(out=)`).
+
+    glibc maps an allocation of tens of MiB afresh and unmaps it when freed, so a new codes tensor for
+    every piece was pages the kernel faulted in and zeroed: 0.92 GB of codes, 165 000 faults on the
+    chunk workers, a tenth of the bench conversion's CPU time (docs/convert.md "Speed"). The queues
+    bound how many are in flight; at most `keep` wait here."""
+
+    def __init__(self, keep: int = _IN_FLIGHT + 2):
+        self._free: list = []
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int):
+        """A uint8 tensor of at least `nbytes`: the smallest free one that fits, else a new one."""
+        import torch
+
+        with self._lock:
+            fits = [k for k, b in enumerate(self._free) if b.numel() >= nbytes]
+            if fits:
+                return self._free.pop(min(fits, key=lambda k: self._free[k].numel()))
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buf) -> None:
+        with self._lock:
+            if len(self._free) < self._keep:
+                self._free.append(buf)
+
+
+def _codes_out(plan, it: dict, nrows: int | None, recycled: _Recycled):
+    """A recycled buffer for the codes of work item `it`'s weight (`nrows` of its rows, or whole), or None
+    where nothing is quantized into one: kept wide, copied, a fused expert (placed into the fused tensor)
+    or small codes."""
+    from pcc.lower.converter import tensor_targets
+    from pcc.numerics import codes_nbytes
+
+    if it["op"] is None or it["fuse"] is not None or it["copied"]:
+        return None
+    i = plan.index[it["source"]]
+    if tensor_targets(plan, i)["layout"] == "wide":
+        return None
+    shape = tuple(plan.catalog.operators[i].shape)
+    if nrows is not None:
+        shape = (nrows,) + shape[1:]
+    nbytes = codes_nbytes(shape, plan.scheme("rollout", i))
+    return recycled.take(nbytes) if nbytes >= _RECYCLE_MIN else None
+
+
+def _rows_piece(plan, src: Source, it: dict, r0: int, rows, out=None) -> dict:
     """Rollout tensors of rows [r0, r0 + n) of a weight, `rows` those rows as stored or encoded
-    (pcc.convert.quantized.rollout_of)."""
+    (pcc.convert.quantized.rollout_of); `out`: storage for the codes."""
     from pcc.convert.quantized import Encoded, rollout_of
 
     file = src.file_of(it["source"])
     n = rows.enc.shape[0] if isinstance(rows, Encoded) else rows.shape[0]
     try:
         return rollout_of(plan, plan.index[it["source"]], rows, amax=it.get("amax"), rows=slice(r0, r0 + n),
-                          copy=it["copied"])
+                          copy=it["copied"], out=out)
     except (ValueError, ConvertError) as err:
         raise ConvertError(f"{file}: {err} (in rows {r0}..{r0 + n})") from None
 
@@ -469,13 +528,13 @@ def _shares(t, buf) -> bool:
     return t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
 
 
-def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, input_scales: dict):
+def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, input_scales: dict, out=None):
     """(name, tensor, last piece?) one work item contributes, in write order; NVFP4 input scales are
     the carried or calibrated ones. A quantized source's weight (`Encoded`) is copied or dequantized
     and requantized by `pcc.convert.quantized.rollout_of`. Of a fused [E, ...] target, the first
     (MXFP4 `_blocks`) is written an expert at a time, as each expert's slice is complete (its parts
     arrive expert by expert, `_by_fused_target`); the others (`_scales`, 1/16 of it) are assembled
-    whole and written with the last expert."""
+    whole and written with the last expert. `out`: storage for the codes (`_codes_out`)."""
     import torch
 
     from pcc.convert.quantized import Encoded, rollout_of
@@ -491,7 +550,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
         entry = src.entries[it["source"]]
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     try:
-        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"), copy=it["copied"])
+        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"), copy=it["copied"], out=out)
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
     except ConvertError as err:

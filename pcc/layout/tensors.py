@@ -46,8 +46,8 @@ def group_amax(plan: Plan, op_index: int, weight_of) -> torch.Tensor | None:
     return torch.stack([tensor_amax(weight_of(m), m) for m in group]).amax()
 
 
-def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor,
-                    rows: slice | None = None, amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor, rows: slice | None = None,
+                    amax: torch.Tensor | None = None, out: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Checkpoint name -> tensor for operator `op_index` with source weight `tensor`.
 
     Wide operators come back unchanged (bit for bit). For MXFP4 routed experts (fused gpt-oss
@@ -58,6 +58,7 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor,
     `amax` (FP8 tensor scaling, NVFP4): the amax the global scale is computed from, required for
     `rows` (the whole weight's, `pcc.numerics.tensor_amax`) and for an NVFP4 scale group member
     (`group_amax`): fused members then carry the same `weight_scale_2`.
+    `out`: storage for the codes, as `pcc.numerics.quantize` takes it (the converter's recycled buffers).
     Raises ValueError naming the tensor for NaN/inf.
     """
     entry = tensor_targets(plan, op_index)
@@ -77,7 +78,7 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor,
     if layout == "wide":
         return {names[0]: tensor}
     q = quantize(tensor, plan.scheme("rollout", op_index), role="weight", name=op.tensor,
-                 amax=amax if layout in ("fp8_tensor", "nvfp4") else None)
+                 amax=amax if layout in ("fp8_tensor", "nvfp4") else None, out=out)
     if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
         shape = entry["targets"][names[1]]["shape"]
         return {names[0]: q.codes, names[1]: q.scales.reshape(shape if rows is None or not shape else (-1, *shape[1:]))}

@@ -2,8 +2,8 @@
 
 from .autograd import qdq_ste, quantized_linear
 from .gemm import ScaledMMUnsupported, scaled_gemm
-from .quantize import Geometry, Quantized, all_finite, dequantize, geometry, qdq, quantize, tensor_amax
+from .quantize import Geometry, Quantized, all_finite, codes_nbytes, dequantize, geometry, qdq, quantize, tensor_amax
 from pcc.contract.scheme import PRESETS, Grouping, Scheme
 
 __all__ = ["Scheme", "Grouping", "PRESETS", "Quantized", "Geometry", "geometry", "quantize", "tensor_amax",
-           "all_finite", "dequantize", "qdq", "qdq_ste", "quantized_linear", "scaled_gemm", "ScaledMMUnsupported"]
+           "codes_nbytes", "all_finite", "dequantize", "qdq", "qdq_ste", "quantized_linear", "scaled_gemm", "ScaledMMUnsupported"]

@@ -477,13 +477,17 @@ def tensor_amax(x: torch.Tensor, name: str | None = None) -> torch.Tensor:
 
 
 def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight", name: str | None = None,
-             generator: torch.Generator | None = None, amax: torch.Tensor | None = None) -> Quantized:
+             generator: torch.Generator | None = None, amax: torch.Tensor | None = None,
+             out: torch.Tensor | None = None) -> Quantized:
     """Quantize `x` as `scheme` prescribes for `role`; `generator` feeds stochastic rounding.
 
     `amax` (tensor scaling and NVFP4's outer scale, symmetric schemes): the whole-tensor amax to use
     instead of x's own (`tensor_amax`, which refuses NaN/inf): of the whole weight when `x` is rows of
     it, so the pieces are the whole tensor's codes and scales, or of a fused group that shares one
     global scale. Raises ValueError naming `name` and the scale block if `x` holds NaN or inf.
+    `out`: a contiguous uint8 tensor of at least the codes' bytes whose storage the codes are written
+    into (pass-through formats ignore it: their codes are x cast): a caller that recycles its buffers spares the kernel faulting
+    in and zeroing fresh pages for every tensor (docs/numerics.md "Speed").
     """
     scheme = _as_scheme(scheme)
     if scheme.passthrough:
@@ -537,12 +541,13 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
             _check_finite(amax, amin, geo, name, grouping)
 
     probe = encoder(torch.ones(1, 1), torch.zeros(1, 1), outer if outer is not None else torch.ones(()))
-    post, cols, code_dtype = None, geo.cols, probe[4]
+    post, code_dtype = None, probe[4]
+    cols = _stored_cols(scheme, geo.cols)
     if scheme.packing == "e2m1x2":
-        post, cols = pack_e2m1x2, math.ceil(geo.cols / 2)
+        post = pack_e2m1x2
     elif scheme.packing == "int32x8":
-        post, cols, code_dtype = (lambda r: pack_int32x8(r.to(torch.int8))), math.ceil(geo.cols / 8), torch.int32
-    codes = torch.empty(x2.shape[0], cols, dtype=code_dtype, device=x.device)
+        post, code_dtype = (lambda r: pack_int32x8(r.to(torch.int8))), torch.int32
+    codes = _codes_storage(out, (x2.shape[0], cols), code_dtype, x.device)
 
     if whole:
         scales, zp, per_block, fn, _ = encoder(amax.reshape(1, 1), amin.reshape(1, 1), outer)
@@ -596,6 +601,36 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     if zp is not None:
         zp = zp.reshape(geo.scale_shape)
     return Quantized(codes, scales, x.shape, scheme, role, outer, zp)
+
+
+def _stored_cols(scheme: Scheme, cols: int) -> int:
+    """Columns of stored codes per row of `cols` elements: packed two a byte, eight an int32 word, or one each."""
+    return {"e2m1x2": math.ceil(cols / 2), "int32x8": math.ceil(cols / 8)}.get(scheme.packing, cols)
+
+
+def codes_nbytes(shape: torch.Size | tuple[int, ...], scheme: Scheme | str | dict, role: str = "weight") -> int:
+    """Bytes of the codes `quantize` makes of a tensor of `shape` (0 for pass-through formats): the size
+    of an `out` buffer."""
+    scheme = _as_scheme(scheme)
+    if scheme.passthrough:
+        return 0
+    geo = geometry(shape, scheme.grouping_of(role))
+    word = 4 if scheme.packing == "int32x8" else 1  # every other code dtype is one byte
+    return math.prod(shape) // geo.cols * _stored_cols(scheme, geo.cols) * word
+
+
+def _codes_storage(out: torch.Tensor | None, shape: tuple[int, int], dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """A [rows, cols] codes tensor of `dtype`: fresh, or the front of `out`'s bytes."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if out.dtype != torch.uint8 or out.dim() != 1 or not out.is_contiguous() or out.numel() < nbytes:
+        raise ValueError(f"out: a contiguous 1-D uint8 tensor of at least {nbytes} bytes, got "
+                         f"{out.dtype} {list(out.shape)}")
+    if out.device != device:
+        raise ValueError(f"out is on {out.device}, the tensor on {device}")
+    return out[:nbytes].view(dtype).view(shape)
 
 
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -199,3 +199,36 @@ def test_a_piece_that_is_not_whole_blocks_is_refused():
     n, k = plan.catalog.operators[i].shape
     with pytest.raises(ValueError, match="not whole pieces"):
         rollout_tensors(plan, i, torch.zeros(8, k, dtype=torch.bfloat16), rows=slice(8, 16))
+
+
+@pytest.mark.parametrize("fmt,model", [("fp8_block", "tiny_moe"), ("nvfp4", "tiny_moe"), ("int4", "tiny_dense")])
+def test_recycled_codes_buffers_change_no_byte(fmt, model, tmp_path, monkeypatch):
+    """Quantized weights' codes go into buffers the writer hands back once written (`_Recycled`): the
+    checkpoint is the bytes of fresh codes tensors, buffers are reused (fewer taken new than
+    quantized tensors), and one is never handed out again before its bytes are written (every new
+    buffer starts as garbage, and a buffer given back early would be overwritten by the next codes)."""
+    src = tmp_path / "src"
+    make_checkpoint(src, model)
+    contract = write_contract(tmp_path, fmt)
+    monkeypatch.setattr(run, "_codes_out", lambda *a: None)  # fresh codes tensors
+    ref = tmp_path / "ref"
+    assert _convert(src, contract, ref) == 0
+    monkeypatch.undo()
+    taken, fresh = [], []
+    real_take = run._Recycled.take
+
+    def take(self, nbytes):
+        buf = real_take(self, nbytes)
+        if all(buf is not b for b in taken):
+            buf.fill_(0xA5)
+            fresh.append(buf)
+        taken.append(buf)
+        return buf
+
+    monkeypatch.setattr(run._Recycled, "take", take)
+    monkeypatch.setattr(run, "_RECYCLE_MIN", 1)  # every quantized weight of the tiny model
+    monkeypatch.setattr(run, "PIECE_BYTES", 16384)  # and several row pieces of each (fp8_block)
+    dst = tmp_path / "dst"
+    assert _convert(src, contract, dst, "--max-shard-size", "300KB") == 0
+    assert len(taken) > 10 and len(fresh) < len(taken) / 2
+    assert _tensors(dst) == _tensors(ref)

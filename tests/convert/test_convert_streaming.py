@@ -49,10 +49,10 @@ def _streamed(monkeypatch, contract, src, dst, piece=4096) -> dict:
     pieces = {}
     real = run._rows_piece
 
-    def spy(plan, source, it, r0, rows):
+    def spy(plan, source, it, r0, rows, out=None):
         n = rows.enc.shape[0] if hasattr(rows, "enc") else rows.shape[0]
         pieces.setdefault(it["source"], []).append((r0, n, hasattr(rows, "enc")))
-        return real(plan, source, it, r0, rows)
+        return real(plan, source, it, r0, rows, out)
 
     monkeypatch.setattr(run, "PIECE_BYTES", piece)
     monkeypatch.setattr(run, "_rows_piece", spy)

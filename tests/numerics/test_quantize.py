@@ -475,3 +475,36 @@ def test_e8m0_exponents_and_factors_against_numpy_over_every_binade():
         for exp in (ocp, ceil):
             got = importlib.import_module("pcc.numerics.formats").pow2(torch.from_numpy(exp)).numpy()
             assert np.array_equal(got, np.ldexp(np.float32(1), exp).astype(np.float32))
+
+
+@pytest.mark.parametrize("scheme", ["fp8_block", "mxfp8", "mxfp4", "nvfp4", "int4_g32",
+                                    {**preset("int4_g32").model_dump(), "packing": None, "symmetric": False}])
+def test_codes_written_into_out_are_the_fresh_codes_and_fill_it_exactly(scheme):
+    """quantize(out=) writes the codes into the front of the caller's bytes (the converter's recycled
+    buffers): every code byte is overwritten (the buffer starts as 0xA5 garbage), the bytes after them
+    are left alone, and codes_nbytes is their size."""
+    from pcc.numerics import codes_nbytes
+
+    x = torch.randn(130, 96, dtype=torch.bfloat16)
+    fresh = quantize(x, scheme)
+    nbytes = fresh.codes.numel() * fresh.codes.element_size()
+    assert codes_nbytes(x.shape, scheme) == nbytes
+    buf = torch.full((nbytes + 64,), 0xA5, dtype=torch.uint8)
+    q = quantize(x, scheme, out=buf)
+    assert q.codes.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    assert q.codes.dtype == fresh.codes.dtype and q.codes.shape == fresh.codes.shape
+    assert torch.equal(q.codes.view(torch.uint8), fresh.codes.view(torch.uint8))
+    assert torch.equal(q.scales.view(torch.uint8), fresh.scales.view(torch.uint8))
+    assert bool((buf[nbytes:] == 0xA5).all())
+    with pytest.raises(ValueError, match=f"at least {nbytes} bytes"):
+        quantize(x, scheme, out=buf[: nbytes - 1])
+    with pytest.raises(ValueError, match="uint8"):
+        quantize(x, scheme, out=torch.empty(nbytes, dtype=torch.float32))
+
+
+def test_codes_nbytes_of_pass_through_and_batched_blocks():
+    from pcc.numerics import codes_nbytes
+
+    assert codes_nbytes((64, 64), "bf16") == 0
+    x = torch.randn(3, 130, 200)  # block grouping per batch slice: one code per element
+    assert codes_nbytes(x.shape, "fp8_block") == quantize(x, "fp8_block").codes.numel() == 3 * 130 * 200
