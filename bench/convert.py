@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import add_busy, busy, machine
+from machine import add_busy, busy, machine, order
 
 ROOT = Path(tempfile.gettempdir()) / "pcc-bench-convert"
 # --layers N (handed to the children as PCC_BENCH_LAYERS): the same shapes with N decoder layers
@@ -344,7 +344,7 @@ def compare(rounds: int, llmc_python: str) -> None:
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     names = list(methods)
     for r in range(rounds):
-        for m in (names if r % 2 == 0 else names[::-1]):
+        for m in order(names, r):
             out = subprocess.run([methods[m], __file__, "--child", m], capture_output=True, text=True)
             if out.returncode != 0:
                 raise SystemExit(f"{m} failed:\n{out.stderr[-3000:]}")

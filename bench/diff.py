@@ -7,20 +7,20 @@ Compiling the two contracts is the same for both and is reported on its own.
 Columns: `compare` is the Plan-vs-Plan comparison alone; `bytes` the two
 `pcc.plan.explain` calls behind the memory/bytes-per-sync deltas; `engines` the
 two plans lowered for each available engine target; `pcc diff` all of it with
-consequences and text rendering (what the command does after compiling).
+consequences and text rendering (what the command does after compiling). The columns of a
+pair run interleaved, in an order that alternates each round, each keeping its best of the rounds.
 
-    python bench/diff.py
+    python bench/diff.py [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
-from machine import machine
+from machine import interleaved, machine
 
 from pcc.diff import diff_plans
 from pcc.diff.compare import compare
@@ -35,15 +35,6 @@ PAIRS = {
     "k3 mxfp4 -> nvfp4": ("contracts/k3_mxfp4_lora.prec", "tests/diff/pairs/k3_nvfp4_lora.prec"),
     "k3 unchanged": ("contracts/k3_mxfp4_lora.prec", "contracts/k3_mxfp4_lora.prec"),
 }
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
 
 
 def naive(pa, pb) -> int:
@@ -67,6 +58,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     print(machine())
+    print(f"best of {args.repeat} rounds, the columns of each pair interleaved in alternating order")
     print(f"{'pair':<18} {'operators':>9} {'changed':>8} {'compile A+B':>11} {'compare':>8} {'bytes':>7} "
           f"{'engines':>8} {'pcc diff':>9} {'naive plan-json diff':>21} {'speedup':>8}")
     for label, (a, b) in PAIRS.items():
@@ -81,11 +73,13 @@ def main() -> None:
                 return fn()
             return run
 
-        ours, report = timed(cold(lambda: render(diff_plans(ca.plan, cb.plan), "text")), args.repeat)
-        compare_s, _ = timed(lambda: compare(ca.plan, cb.plan), args.repeat)
-        bytes_s, _ = timed(lambda: (explain(ca.plan), explain(cb.plan)), args.repeat)
-        engines_s, _ = timed(cold(lambda: engine_changes(ca.plan, cb.plan)), args.repeat)
-        theirs, changed = timed(lambda: naive(ca.plan, cb.plan), args.repeat)
+        t = interleaved({"pcc diff": cold(lambda: render(diff_plans(ca.plan, cb.plan), "text")),
+                         "compare": lambda: compare(ca.plan, cb.plan),
+                         "bytes": lambda: (explain(ca.plan), explain(cb.plan)),
+                         "engines": cold(lambda: engine_changes(ca.plan, cb.plan)),
+                         "naive": lambda: naive(ca.plan, cb.plan)}, args.repeat)
+        ours, compare_s, bytes_s, engines_s, theirs = (t[k] for k in ("pcc diff", "compare", "bytes", "engines", "naive"))
+        changed = naive(ca.plan, cb.plan)
         full = diff_plans(ca.plan, cb.plan)
         found = sum(r["tensors"] for rows in full["components"].values() for r in rows if r["family"] != "kv_cache")
         assert found == changed or not full["changed"] and changed == 0, (found, changed)

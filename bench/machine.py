@@ -1,4 +1,5 @@
-"""What every bench prints about the machine it ran on, and the CPU-bound neighbours of `--busy`.
+"""What every bench prints about the machine it ran on, the CPU-bound neighbours of `--busy`, and how
+benches time competitors: interleaved, in an order that alternates each round, each keeping its best.
 
 Imported by the bench scripts (run as `python bench/NAME.py`, so this folder is on sys.path)."""
 
@@ -35,3 +36,24 @@ def busy(n: int):
         for h in hogs:
             h.kill()
             h.wait()
+
+
+def order(names: list, r: int) -> list:
+    """Round r's order of the methods: as given on even rounds, reversed on odd ones, so a burst of load
+    from other processes hits every method alike."""
+    return names if r % 2 == 0 else names[::-1]
+
+
+def interleaved(methods: dict, rounds: int, warm: bool = False) -> dict[str, float]:
+    """Best seconds of each method (a callable) over `rounds` rounds in alternating `order`; `warm`:
+    each runs once first, untimed (allocators, worker threads)."""
+    if warm:
+        for fn in methods.values():
+            fn()
+    best = dict.fromkeys(methods, float("inf"))
+    for r in range(rounds):
+        for name in order(list(methods), r):
+            t = time.perf_counter()
+            methods[name]()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best

@@ -15,12 +15,10 @@ the BF16 input bytes. Cores and load average are printed before and after.
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
 import torch
 import torch.nn.functional as F
-from machine import add_busy, busy, machine
+from machine import add_busy, busy, interleaved, machine
 
 from pcc.numerics import quantize
 
@@ -110,20 +108,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def interleaved(methods: dict, rounds: int) -> dict[str, float]:
-    """Best seconds of each method over `rounds` rounds, the methods in alternating order."""
-    for fn in methods.values():
-        fn()  # warm: allocator, the chunk workers
-    best = dict.fromkeys(methods, math.inf)
-    names = list(methods)
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            t0 = time.perf_counter()
-            methods[name]()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
-
-
 def run(n: int, rounds: int) -> None:
     x = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     gb = x.numel() * x.element_size() / 1e9
@@ -133,7 +117,7 @@ def run(n: int, rounds: int) -> None:
           f"{'pcc/cast':>10}  same codes")
     for fmt, (name, ref) in FORMATS.items():
         t = interleaved({"cast": lambda: x.to(torch.float8_e4m3fn), "straightforward": lambda: ref(x),
-                         "pcc": lambda: quantize(x, name)}, rounds)
+                         "pcc": lambda: quantize(x, name)}, rounds, warm=True)
         q, (codes, _) = quantize(x, name), ref(x)
         same = torch.equal(_bytes(q.codes), _bytes(codes))
         print(f"{fmt:<11}{gb / t['cast']:>10.2f}{gb / t['straightforward']:>12.2f}{gb / t['pcc']:>10.2f}"

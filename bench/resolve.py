@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 
-from machine import machine
+from machine import interleaved, machine
 from pcc.contract.model import Contract
 from pcc.lang import Reporter, build
 from pcc.models import load_catalog
@@ -89,19 +88,6 @@ def meta_model(catalog):
                 mod = child
             mod.add_module(leaf, torch.nn.Linear(op.shape[1], op.shape[0], bias=False))
     return root
-
-
-def interleaved(methods: dict, rounds: int) -> dict[str, float]:
-    """Best seconds of each method over `rounds` rounds, run in an order that alternates each round,
-    so a burst of load from other processes hits every method alike."""
-    best = dict.fromkeys(methods, float("inf"))
-    names = list(methods)
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            t = time.perf_counter()
-            methods[name]()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
 
 
 def _has_compressed_tensors() -> bool:
