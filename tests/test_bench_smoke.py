@@ -1,0 +1,41 @@
+"""The bench scripts run: each, at its smallest, prints its table and the machine lines (a bench that
+stops, as bench/compile.py did when a target did not apply to a contract, is caught here, not when
+someone re-measures). What they measure is their own business (docs/*.md "Speed")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _run(script: str, *args: str) -> str:
+    out = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "cores (" in out.stdout and "load average" in out.stdout and "after: " in out.stdout
+    return out.stdout
+
+
+def test_compile_bench_skips_targets_a_contract_has_not():
+    out = _run("compile.py", "--repeat", "1", "--contracts", "*/tiny_cpu.prec")
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if "tiny_cpu" in line}
+    assert set(rows) == {"fsdp/tiny_cpu", "verl/tiny_cpu", "vllm/tiny_cpu"}
+    assert all("-" in r for r in rows.values())  # e.g. no Megatron lowering of an FSDP contract
+
+
+def test_quantize_bench_compares_codes_of_every_format():
+    out = _run("quantize.py", "--sizes", "256", "--rounds", "1")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in
+            (["fp8_block"], ["mxfp8"], ["mxfp4"], ["nvfp4"], ["int4_g128"])]
+    assert len(rows) == 5 and all(r[-1] == "True" for r in rows)  # pcc's codes are the straightforward ones
+
+
+def test_resolve_bench_beside_compressed_tensors():
+    pytest.importorskip("compressed_tensors")
+    out = _run("resolve.py", "--layers", "2", "--rounds", "1")
+    assert any(line.split()[:1] == ["2"] and line.endswith("x") for line in out.splitlines())
