@@ -424,9 +424,9 @@ class _Recycled:
     """Buffers the writer has finished with, for the next quantized tensors' codes (`quantize(out=)`).
 
     glibc maps an allocation of tens of MiB afresh and unmaps it when freed, so a new codes tensor for
-    every piece was pages the kernel faulted in and zeroed: 0.92 GB of codes, 165 000 faults on the
-    chunk workers, a tenth of the bench conversion's CPU time (docs/convert.md "Speed"). The queues
-    bound how many are in flight; at most `keep` wait here."""
+    every piece was pages the kernel faulted in and zeroed: for the bench's 0.92 GB of codes, 165 000
+    faults on the chunk workers and 6% of the conversion's CPU time (docs/convert.md "Speed"). The
+    queues bound how many are in flight; at most `keep` wait here."""
 
     def __init__(self, keep: int = _IN_FLIGHT + 2):
         self._free: list = []

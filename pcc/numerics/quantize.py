@@ -485,9 +485,9 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     instead of x's own (`tensor_amax`, which refuses NaN/inf): of the whole weight when `x` is rows of
     it, so the pieces are the whole tensor's codes and scales, or of a fused group that shares one
     global scale. Raises ValueError naming `name` and the scale block if `x` holds NaN or inf.
-    `out`: a contiguous uint8 tensor of at least the codes' bytes whose storage the codes are written
-    into (pass-through formats ignore it: their codes are x cast): a caller that recycles its buffers spares the kernel faulting
-    in and zeroing fresh pages for every tensor (docs/numerics.md "Speed").
+    `out`: a contiguous 1-D uint8 tensor of at least `codes_nbytes` bytes that the codes are written
+    into (pass-through formats ignore it: their codes are x cast); a caller that reuses its buffers
+    spares the kernel faulting in and zeroing fresh pages for every tensor (docs/numerics.md "Speed").
     """
     scheme = _as_scheme(scheme)
     if scheme.passthrough:
