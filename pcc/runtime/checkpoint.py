@@ -1,22 +1,22 @@
-"""Safetensors checkpoints, written atomically (temp file + rename); never pickle."""
+"""Safetensors checkpoints, written atomically (`pcc.lang.outputs.atomic_path`); never pickle."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from pcc.lang.outputs import atomic_path, write_atomic
+
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -41,6 +41,4 @@ def load_model(dirpath: Path) -> dict[str, torch.Tensor]:
 def write_json(path: Path, doc) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pcc.lang.outputs import atomic_path
+
 CURVES = (
     ("reward", ("reward", "exact_match"), "reward"),
     ("mismatch", ("same_version_abs_dlogp_mean", "same_version_abs_dlogp_p99", "staleness_abs_dlogp_mean"), "|dlogp|"),
@@ -51,10 +53,9 @@ def plot(history: list[dict], out: Path) -> list[str]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = Path(out) / f"{name}.png"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-        fig.savefig(tmp, dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
         plt.close(fig)
-        os.replace(tmp, path)
         written.append(path.name)
     if history and history[-1].get("same_version_abs_dlogp_by_position"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -65,9 +66,8 @@ def plot(history: list[dict], out: Path) -> list[str]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = Path(out) / "mismatch_by_position.png"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-        fig.savefig(tmp, dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
         plt.close(fig)
-        os.replace(tmp, path)
         written.append(path.name)
     return written

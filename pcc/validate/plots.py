@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pcc.lang.outputs import atomic_path
+
 
 def _level(report: dict, n: int) -> dict | None:
     return next((lv for lv in report["levels"] if lv["level"] == n and lv["status"] != "skipped" and lv["data"]), None)
@@ -16,11 +18,9 @@ def _bound(lv: dict, metric: str):
 
 
 def _save(fig, out: Path, name: str, written: list) -> None:
-    path = out / name
-    tmp = path.with_name(f".{name}.tmp-{os.getpid()}.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    with atomic_path(out / name) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     written.append(name)
 
 
