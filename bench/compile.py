@@ -1,7 +1,8 @@
-"""Compile time of every shipped contract (contracts/ and its per-target folders): load + resolve + checks, then each target's
-lowering and the whole bundle, beside the floor of reading and parsing the contract
-alone, measured in the same run. The columns of a contract run interleaved, in an order
-that alternates each round, each keeping its best of the rounds.
+"""Compile time of every shipped contract (contracts/ and its per-target folders): load +
+resolve + checks, then each target's lowering ('-' where it does not apply) and the whole
+bundle, beside the floor of reading and parsing the contract alone, measured in the same
+run. The columns of a contract run interleaved, in an order that alternates each round,
+each keeping its best of the rounds.
 
     python bench/compile.py [--repeat N] [--contracts 'verl/*.prec']
 """

@@ -78,7 +78,8 @@ def main() -> None:
                          "bytes": lambda: (explain(ca.plan), explain(cb.plan)),
                          "engines": cold(lambda: engine_changes(ca.plan, cb.plan)),
                          "naive": lambda: naive(ca.plan, cb.plan)}, args.repeat)
-        ours, compare_s, bytes_s, engines_s, theirs = (t[k] for k in ("pcc diff", "compare", "bytes", "engines", "naive"))
+        ours, compare_s, bytes_s, engines_s, theirs = (t["pcc diff"], t["compare"], t["bytes"], t["engines"],
+                                                       t["naive"])
         changed = naive(ca.plan, cb.plan)
         full = diff_plans(ca.plan, cb.plan)
         found = sum(r["tensors"] for rows in full["components"].values() for r in rows if r["family"] != "kv_cache")

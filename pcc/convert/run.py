@@ -385,7 +385,8 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             if spent is not None and not pieces:
                 recycled.give(spent)
             for k, (name, t, final) in enumerate(pieces):  # the codes buffer goes back after the item's last
-                put(out, (name, t, nread, buf if k == last else None, final, spent if k == len(pieces) - 1 else None))
+                put(out, (name, t, nread, buf if k == last else None, final,
+                          spent if k == len(pieces) - 1 else None))
                 nread = 0
     except BaseException as err:
         errors.append(err)
@@ -552,7 +553,8 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
         entry = src.entries[it["source"]]
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
     try:
-        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"), copy=it["copied"], out=out)
+        pieces = rollout_of(plan, plan.index[it["source"]], tensor, amax=it.get("amax"), copy=it["copied"],
+                            out=out)
     except ValueError as err:
         raise ConvertError(f"{file}: {err}") from None
     except ConvertError as err:

@@ -603,9 +603,13 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     return Quantized(codes, scales, x.shape, scheme, role, outer, zp)
 
 
+# packing -> (elements per stored code, bytes per stored code); unpacked codes are one byte each
+_PACKED = {None: (1, 1), "e2m1x2": (2, 1), "int32x8": (8, 4)}
+
+
 def _stored_cols(scheme: Scheme, cols: int) -> int:
-    """Columns of stored codes per row of `cols` elements: packed two a byte, eight an int32 word, or one each."""
-    return {"e2m1x2": math.ceil(cols / 2), "int32x8": math.ceil(cols / 8)}.get(scheme.packing, cols)
+    """Stored codes per row of `cols` elements."""
+    return math.ceil(cols / _PACKED[scheme.packing][0])
 
 
 def codes_nbytes(shape: torch.Size | tuple[int, ...], scheme: Scheme | str | dict, role: str = "weight") -> int:
@@ -615,8 +619,7 @@ def codes_nbytes(shape: torch.Size | tuple[int, ...], scheme: Scheme | str | dic
     if scheme.passthrough:
         return 0
     geo = geometry(shape, scheme.grouping_of(role))
-    word = 4 if scheme.packing == "int32x8" else 1  # every other code dtype is one byte
-    return math.prod(shape) // geo.cols * _stored_cols(scheme, geo.cols) * word
+    return math.prod(shape) // geo.cols * _stored_cols(scheme, geo.cols) * _PACKED[scheme.packing][1]
 
 
 def _codes_storage(out: torch.Tensor | None, shape: tuple[int, int], dtype: torch.dtype,

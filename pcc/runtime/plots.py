@@ -34,6 +34,16 @@ def require():
     return plt
 
 
+def save_png(fig, path: Path, dpi: int) -> str:
+    """`fig` written to `path` as a PNG, whole or not at all (`atomic_path`), and closed; its file name."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    plt.close(fig)
+    return path.name
+
+
 def plot(history: list[dict], out: Path) -> list[str]:
     """Write one PNG per curve group into `out`; returns the file names."""
     plt = require()
@@ -52,11 +62,7 @@ def plot(history: list[dict], out: Path) -> list[str]:
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        path = Path(out) / f"{name}.png"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-        plt.close(fig)
-        written.append(path.name)
+        written.append(save_png(fig, Path(out) / f"{name}.png", dpi=100))
     if history and history[-1].get("same_version_abs_dlogp_by_position"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for m in (history[0], history[-1]):
@@ -65,9 +71,5 @@ def plot(history: list[dict], out: Path) -> list[str]:
         ax.set_ylabel("mean same-version |dlogp|")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = Path(out) / "mismatch_by_position.png"
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-        plt.close(fig)
-        written.append(path.name)
+        written.append(save_png(fig, Path(out) / "mismatch_by_position.png", dpi=100))
     return written

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pcc.lang.outputs import atomic_path
+from pcc.runtime.plots import save_png
 
 
 def _level(report: dict, n: int) -> dict | None:
@@ -18,10 +18,9 @@ def _bound(lv: dict, metric: str):
 
 
 def _save(fig, out: Path, name: str, written: list) -> None:
+    """Laid out, written whole (`save_png`) and closed."""
     fig.tight_layout()
-    with atomic_path(out / name) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    written.append(name)
+    written.append(save_png(fig, out / name, dpi=110))
 
 
 def plot(report: dict, out: Path) -> list[str]:
@@ -55,7 +54,6 @@ def plot(report: dict, out: Path) -> list[str]:
         ax.set_title(f"Level 4: trainer vs rollout, same tokens\n{title}", fontsize=9)
         ax.legend(fontsize=8)
         _save(fig, out, "dlogp_hist.png", written)
-        plt.close(fig)
 
         pos = l4["data"]["by_position"]
         panels = 2 if l5 and "context_drift" in l5["data"] else 1
@@ -80,7 +78,6 @@ def plot(report: dict, out: Path) -> list[str]:
             ax.set_title("Level 5: drift as context grows", fontsize=9)
             ax.legend(fontsize=8)
         _save(fig, out, "dlogp_by_position.png", written)
-        plt.close(fig)
     if l5 and l5["data"].get("route_agreement_by_layer"):
         ra = l5["data"]["route_agreement_by_layer"]
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -97,7 +94,6 @@ def plot(report: dict, out: Path) -> list[str]:
         ax.set_ylabel("tokens with the same experts")
         ax.set_title(f"Level 5: route agreement by layer\n{title}", fontsize=9)
         _save(fig, out, "routes_by_layer.png", written)
-        plt.close(fig)
     if l8:
         h = l8["data"]["history"]
         steps = [m["step"] for m in h]
@@ -117,5 +113,4 @@ def plot(report: dict, out: Path) -> list[str]:
         ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="lower right")
         ax.set_title(f"Level 8: version age and reward per step\n{title}", fontsize=9)
         _save(fig, out, "version_age.png", written)
-        plt.close(fig)
     return written
