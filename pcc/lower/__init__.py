@@ -14,11 +14,14 @@ and byte-identical for the same input.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Callable, NoReturn
 
 from pcc.lang.diagnostics import PccError, Reporter
+from pcc.lower.settings import Setting, argv, environ
 from pcc.plan import Compiled, Plan, compile_file as _resolve_file
 
 # Environment variables through which run scripts receive paths (with defaults in run.sh).
@@ -47,15 +50,30 @@ def job_file_shell(variable: str) -> str:
 
 @dataclass
 class Lowered:
-    """What one target needs: its argument list, environment, and files for the bundle."""
+    """What one target needs: its settings records (pcc.lower.settings), and files for the bundle."""
 
     target: str
-    args: list[str] = field(default_factory=list)  # argv after the program name
-    env: dict[str, str] = field(default_factory=dict)
+    settings: list[Setting] = field(default_factory=list)  # in the order the engine reads them
     files: dict[str, str] = field(default_factory=dict)  # bundle-relative path -> text
     notes: list[str] = field(default_factory=list)  # why each non-obvious value was chosen
     # contract fields this target lowers only partly: reported as warnings with their code
     caveats: list["Unsupported"] = field(default_factory=list)
+
+    @property
+    def args(self) -> list[str]:
+        """The records as argv after the program name (verl: Hydra overrides), printed."""
+        return argv(self.settings)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return environ(self.settings)
+
+    def of(self, kind: str) -> list[Setting]:
+        return [s for s in self.settings if s.kind == kind]
+
+    def value(self, key: str, default=None):
+        """The value of the last record of `key` (None: none)."""
+        return next((s.value for s in reversed(self.settings) if s.key == key), default)
 
 
 def module_leaf(tensor: str) -> str:
@@ -68,8 +86,32 @@ class Unsupported(PccError):
     """What a target cannot express (PCC6xx, or the checker's code for the same fact)."""
 
 
+class Refused(Unsupported):
+    """Every refusal of one target's lowering (`found`), first one's text as its own."""
+
+    def __init__(self, found: list[Unsupported]):
+        first = found[0]
+        super().__init__(first.message, first.code, first.path, first.hint)
+        self.found = found
+
+
+# The refusals of the target being lowered (`lower` sets it): `refuse` adds to it and lowering goes on,
+# so `pcc check` reports every refusal, each on its rule (sqlglot's ErrorLevel.RAISE, not IMMEDIATE).
+_REFUSALS: contextvars.ContextVar[list[Unsupported] | None] = contextvars.ContextVar("refusals", default=None)
+
+
 def unsupported(code: str, message: str, path: str | None = None, hint: str | None = None) -> NoReturn:
+    """A refusal after which the target cannot go on (what it would write next depends on it)."""
     raise Unsupported(message, code, path, hint)
+
+
+def refuse(code: str, message: str, path: str | None = None, hint: str | None = None) -> None:
+    """A refusal the target can go on past: collected, and the target lowers the rest, so one
+    `pcc check` shows every refusal. Outside `lower` (a target function called directly) it raises."""
+    found = _REFUSALS.get()
+    if found is None:
+        unsupported(code, message, path, hint)
+    found.append(Unsupported(message, code, path, hint))
 
 
 TargetFn = Callable[[Plan], Lowered]
@@ -131,18 +173,36 @@ def lower(plan: Plan, name: str) -> Lowered:
     cannot express the plan (run `lower_all` first to get that as diagnostics).
 
     Lowering is a pure function of the Plan, so each target runs once per Plan (Miles
-    composes the megatron and sglang results; a bundle needs all of them). Treat the
-    result as read-only.
+    composes the megatron and sglang records; a bundle needs all of them): the results are
+    kept beside the Plan, not on it, for as long as the Plan lives. Treat them as read-only.
+    When the target refuses, the Refused raised holds every refusal it found.
     """
-    cache = plan.__dict__.setdefault("_lowered", {})
+    cache = _cache(plan)
     if name not in cache:
+        found: list[Unsupported] = []
+        token = _REFUSALS.set(found)
         try:
             cache[name] = get_target(name).fn(plan)
         except Unsupported as exc:
-            cache[name] = exc
+            found.append(exc)
+        finally:
+            _REFUSALS.reset(token)
+        if found:  # a nested target's Refused (Miles lowering megatron) brings all of its own
+            cache[name] = Refused([e for exc in found for e in (exc.found if isinstance(exc, Refused) else [exc])])
     if isinstance(cache[name], Unsupported):
         raise cache[name]
     return cache[name]
+
+
+_LOWERED: dict[int, dict] = {}  # id(plan) -> target -> Lowered or Refused, dropped with the Plan
+
+
+def _cache(plan: Plan) -> dict:
+    key = id(plan)
+    if key not in _LOWERED:
+        _LOWERED[key] = {}
+        weakref.finalize(plan, _LOWERED.pop, key, None)
+    return _LOWERED[key]
 
 
 def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -> dict[str, Lowered]:
@@ -152,8 +212,8 @@ def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -
     for name in targets_for(plan) if names is None else names:
         try:
             out[name] = lower(plan, name)
-        except Unsupported as exc:
-            found = [(exc, "error")]
+        except Refused as exc:
+            found = [(e, "error") for e in exc.found]
         else:
             found = [(w, "warning") for w in out[name].caveats]
         for exc, severity in found:

@@ -2,9 +2,9 @@
 
 The contract names engines, not versions: every bundle targets the versions in
 targets/engines.yaml `target` (docs/miles.md "Engine versions": how to target another). A target passes what it
-emits (flags with their values, environment variables) to `check`, with the contract path that
-asked for each; a flag, value or variable the targeted version does not have yet is PCC614 on
-that path. What Miles runs per GPU architecture (`miles_hardware`) is a separate fact from the
+emits (its settings records: flags with their values, environment variables) to `check`; a flag,
+value or variable the targeted version does not have yet is PCC614 on the contract path the record
+names. What Miles runs per GPU architecture (`miles_hardware`) is a separate fact from the
 GPU's own formats (targets/hardware.yaml): `miles_hardware_modes` gives it for the target.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable
+from typing import Iterable
 
-from pcc.lower import unsupported
+from pcc.lower import refuse
+from pcc.lower.settings import Setting
 from pcc.resources import target_table
 
 
@@ -50,30 +51,16 @@ def missing(engine: str, keys: list[str]) -> list[tuple[str, dict]]:
     return [(k, rows[k]) for k in keys if k in rows and older(engine, have, str(rows[k]["since"]))]
 
 
-def emitted(args: list[str], env: dict[str, str] | None = None) -> list[str]:
-    """The support keys of an argument list and environment: each flag, each flag with each of its
-    values, each variable."""
-    keys: list[str] = []
-    flag = None
-    for a in args:
-        if a.startswith("--"):
-            flag = a
-            keys.append(a)
-        elif flag is not None:
-            keys.append(f"{flag} {a}")
-    return keys + sorted(env or {})
-
-
-def check(engine: str, args: list[str], env: dict[str, str] | None, where: Callable[[str], str | None],
-          name: str) -> None:
-    """PCC614 on the first key the targeted version of `engine` lacks; `where(key)` is the contract
-    path that asked for it, `name` the engine as the message says it."""
-    for key, row in missing(engine, emitted(args, env)):
-        have = targeted(engine)
-        unsupported("PCC614", f"{name} {have} (targets/engines.yaml) has no {key}: it needs {name} "
-                    f"{row['since']} or newer ({row['source']})", where(key),
-                    hint=f"target a newer {name} in targets/engines.yaml (docs/miles.md, 'Engine versions'), or ask the "
-                         "contract for something this version runs")
+def check(engine: str, settings: Iterable[Setting], name: str) -> None:
+    """PCC614 on every record whose flag, flag value or variable the targeted version of `engine` lacks,
+    on the contract path the record says asked for it; `name` is the engine as the message says it."""
+    have = targeted(engine)
+    for s in settings:
+        for key, row in missing(engine, s.support_keys()):
+            refuse("PCC614", f"{name} {have} (targets/engines.yaml) has no {key}: it needs {name} "
+                   f"{row['since']} or newer ({row['source']})", s.path,
+                   hint=f"target a newer {name} in targets/engines.yaml (docs/miles.md, 'Engine versions'), or ask "
+                        "the contract for something this version runs")
 
 
 def miles_hardware_modes(arch: str) -> dict | None:

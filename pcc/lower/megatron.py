@@ -14,8 +14,9 @@ from collections import defaultdict
 
 import yaml
 
-from pcc.lower import Lowered, Unsupported, target, unsupported
+from pcc.lower import Lowered, Unsupported, refuse, target, unsupported
 from pcc.lower.engine_support import check
+from pcc.lower.settings import env, flag
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
 from pcc.resources import target_table
@@ -174,12 +175,12 @@ def _accumulate_output(plan: Plan) -> None:
     for comp in ("fprop", "dgrad", "wgrad"):
         for d, _ in plan.used(comp):
             if d.accumulate not in (None, "fp32"):
-                unsupported("PCC601", f"Transformer Engine accumulates {comp} GEMMs in FP32, not {d.accumulate}",
-                            d.path, hint="drop 'accumulate', or write 'accumulate fp32'")
+                refuse("PCC601", f"Transformer Engine accumulates {comp} GEMMs in FP32, not {d.accumulate}",
+                       d.path, hint="drop 'accumulate', or write 'accumulate fp32'")
             allowed = {act, t.grads} if comp == "wgrad" else {act}
             if d.output not in (None, *allowed):
-                unsupported("PCC602", f"Megatron's {comp} GEMMs write {' or '.join(sorted(allowed))}, not "
-                            f"{d.output}", d.path, hint=f"drop 'output', or write 'output {act}'")
+                refuse("PCC602", f"Megatron's {comp} GEMMs write {' or '.join(sorted(allowed))}, not "
+                       f"{d.output}", d.path, hint=f"drop 'output', or write 'output {act}'")
 
 
 @target("megatron", honours=("trainer.rules", "trainer.params", "trainer.master", "trainer.moments",
@@ -192,13 +193,22 @@ def lower_megatron(plan: Plan) -> Lowered:
         unsupported("PCC611", f"trainer engine is '{t.engine}', not megatron", "trainer")
     _accumulate_output(plan)
     out = Lowered("megatron")
-    args, env, notes = out.args, out.env, out.notes
-    if t.params in ("bf16", "fp8"):
-        args.append("--bf16")
-    elif t.params == "fp16":
-        args.append("--fp16")
-    args += ["--transformer-impl", t.impl]
+    notes = out.notes
 
+    def put(key: str, value=True, path: str | None = "trainer") -> None:
+        out.settings.append(flag("megatron", key, value, path))
+
+    def put_env(key: str, value: str, path: str | None) -> None:
+        out.settings.append(env("megatron", key, value, path))
+
+    if t.params in ("bf16", "fp8"):
+        put("--bf16", path="trainer.params")
+    elif t.params == "fp16":
+        put("--fp16", path="trainer.params")
+    put("--transformer-impl", t.impl, "trainer.impl")
+
+    # the first quantized FProp rule: what asked for the recipe and its environment
+    asked = next((d.path for d, _ in plan.used("fprop") if not d.scheme.wide), "trainer.rules")
     modes = _operator_modes(plan, notes)
     recipes = {m[0] for m in modes.values()}
     if len(recipes) > 1:
@@ -207,20 +217,22 @@ def lower_megatron(plan: Plan) -> Lowered:
                     f"{', '.join(sorted(recipes))}", plan.decision("fprop", i).path,
                     hint="use one trainer scheme family (FP8 block, FP8 tensor, MXFP8 or NVFP4)")
     if recipes and t.impl != "transformer_engine":
-        unsupported("PCC303", "quantized trainer GEMMs need Transformer Engine ('impl transformer_engine')",
-                    "trainer.impl")
+        refuse("PCC303", "quantized trainer GEMMs need Transformer Engine ('impl transformer_engine')",
+               "trainer.impl")
     by_module = _module_modes(plan, modes)
     if recipes:
         recipe = recipes.pop()
         if recipe == "nvfp4":
-            args += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+            put("--fp4-format", "e2m1", asked)
+            put("--fp4-recipe", "nvfp4", asked)
         else:
             if plan.fp8_recipe not in (None, recipe):  # None: only QDQ GEMMs
                 unsupported("PCC604", f"trainer recipes disagree: {recipe} (QDQ) vs {plan.fp8_recipe} (real)",
                             "trainer", hint="use one trainer scheme family")
             grads = {_spec(plan, c, i)[0].format for i in modes for c in ("dgrad", "wgrad")}
             hybrid = "fp8_e5m2" in grads
-            args += ["--fp8-format", "hybrid" if hybrid else "e4m3", "--fp8-recipe", recipe]
+            put("--fp8-format", "hybrid" if hybrid else "e4m3", asked)
+            put("--fp8-recipe", recipe, asked)
             if hybrid:
                 notes.append("--fp8-format hybrid: gradients are E5M2, FProp operands E4M3.")
         mode_set = {m for m in by_module.values() if m is not None}
@@ -231,18 +243,19 @@ def lower_megatron(plan: Plan) -> Lowered:
                         "backward and others a quantized one", "trainer",
                         hint="quantize DGrad/WGrad for every quantized module, or for none")
         if b := backward.pop():
-            env["NVTE_BACKWARD_OVERRIDE"] = b
+            put_env("NVTE_BACKWARD_OVERRIDE", b, asked)
             notes.append(f"NVTE_BACKWARD_OVERRIDE={b}: DGrad and WGrad are wide in the plan and use the "
                          "original operands, so TE keeps them for a BF16 backward.")
         fl = None if uniform else _first_last(plan, by_module, next(iter(mode_set)))
         if fl:
-            args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(fl[0]),
-                     "--num-layers-at-end-in-bf16", str(fl[1])]
+            put("--first-last-layers-bf16", path=asked)
+            put("--num-layers-at-start-in-bf16", str(fl[0]), asked)
+            put("--num-layers-at-end-in-bf16", str(fl[1]), asked)
             notes.append(f"--first-last-layers-bf16: the plan keeps the first {fl[0]} and last {fl[1]} "
                          "layers wide and every other TE module on the recipe.")
         elif not uniform:
             out.files[PRECISION_FILE] = _precision_file(by_module, plan)
-            args += ["--te-precision-config-file", PRECISION_FILE]
+            put("--te-precision-config-file", PRECISION_FILE, asked)
             n = sum(m is not None for m in by_module.values())
             notes.append(f"--te-precision-config-file: {n} Megatron modules run {recipe}, all others BF16; "
                          "module names are explicit (one glob per module, first match wins).")
@@ -250,9 +263,9 @@ def lower_megatron(plan: Plan) -> Lowered:
             scales = {plan.scheme("fprop", i).scale for i in modes}
             arch = hardware_table().get(plan.hardware("trainer") or "", {}).get("arch")
             if arch in rule.get("by_arch", {}):
-                env[var] = rule["by_arch"][arch]
-                notes.append(f"{var}={env[var]}: Transformer Engine runs {recipe} on {arch} with power-of-two "
-                             "scales (Miles' default there too)")
+                put_env(var, rule["by_arch"][arch], asked)
+                notes.append(f"{var}={rule['by_arch'][arch]}: Transformer Engine runs {recipe} on {arch} with "
+                             "power-of-two scales (Miles' default there too)")
                 if rule["when_scale"] in scales:
                     out.caveats.append(Unsupported(
                         f"Transformer Engine runs the {recipe} recipe on {plan.hardware('trainer')} ({arch}) "
@@ -260,66 +273,66 @@ def lower_megatron(plan: Plan) -> Lowered:
                         plan.decision("fprop", min(modes)).path, "write power-of-two scales for the trainer "
                         "(e.g. 'scale pow2'), or train on hardware where TE keeps FP32 scales"))
             elif scales == {rule["when_scale"]}:
-                env[var] = rule["value"]
+                put_env(var, rule["value"], asked)
                 notes.append(f"{var}={rule['value']}: the plan's {recipe} scales are {rule['when_scale']}, "
                              "not TE's default powers of two.")
             elif "otherwise" in rule and rule["when_scale"] not in scales:
-                env[var] = rule["otherwise"]
+                put_env(var, rule["otherwise"], asked)
                 notes.append(f"{var}={rule['otherwise']}: the plan's {recipe} scales are powers of two; "
                              "set explicitly, since Miles would otherwise choose by GPU")
 
     group = _int4_group(plan, notes)
     if group:
-        env[tab["int4_qat_env"]["flag"]] = "1"
-        env[tab["int4_qat_env"]["group_size"]] = str(group)
+        put_env(tab["int4_qat_env"]["flag"], "1", asked)
+        put_env(tab["int4_qat_env"]["group_size"], str(group), asked)
 
     if t.param_gather == "fp8":
-        args.append("--fp8-param-gather")
+        put("--fp8-param-gather", path="trainer.param_gather")
     elif t.param_gather != "bf16":
-        unsupported("PCC304", f"Megatron all-gathers parameters in bf16 or fp8, not {t.param_gather}",
-                    "trainer.param_gather")
+        refuse("PCC304", f"Megatron all-gathers parameters in bf16 or fp8, not {t.param_gather}",
+               "trainer.param_gather")
 
     opt = t.optimizer
-    args += ["--optimizer", opt.kind]
+    put("--optimizer", opt.kind, "trainer.optimizer")
     if opt.distributed:
-        args.append("--use-distributed-optimizer")
+        put("--use-distributed-optimizer", path="trainer.optimizer")
     if opt.precision_aware:
-        args.append("--use-precision-aware-optimizer")
+        put("--use-precision-aware-optimizer", path="trainer.optimizer")
     if opt.offload:
-        args.append("--optimizer-cpu-offload")
-    for flag, table, value in (("--main-params-dtype", "main_params_dtype", t.master),
-                               ("--exp-avg-dtype", "moments_dtype", t.moments),
-                               ("--exp-avg-sq-dtype", "moments_dtype", t.moments),
-                               ("--main-grads-dtype", "main_grads_dtype", t.grads)):
-        if value not in tab[table]:
-            field = {"main_params_dtype": "master", "moments_dtype": "moments", "main_grads_dtype": "grads"}[table]
-            unsupported("PCC308", f"Megatron has no {flag} {value} (choices: {', '.join(tab[table])})",
-                        f"trainer.{field}")
-        args += [flag, tab[table][value]]
+        put("--optimizer-cpu-offload", path="trainer.optimizer")
+    for key, table, field in (("--main-params-dtype", "main_params_dtype", "master"),
+                              ("--exp-avg-dtype", "moments_dtype", "moments"),
+                              ("--exp-avg-sq-dtype", "moments_dtype", "moments"),
+                              ("--main-grads-dtype", "main_grads_dtype", "grads")):
+        value = getattr(t, field)
+        if value in tab[table]:
+            put(key, tab[table][value], f"trainer.{field}")
+        elif key != "--exp-avg-sq-dtype":  # one refusal for both moments flags
+            refuse("PCC308", f"Megatron has no {key} {value} (choices: {', '.join(tab[table])})",
+                   f"trainer.{field}")
 
     if cat.is_moe:
-        args += ["--moe-router-dtype", "fp32"]
+        put("--moe-router-dtype", "fp32", "trainer")
         notes.append("--moe-router-dtype fp32: router logits and top-k in FP32 keep expert choices stable "
                      "across steps and close to rollout's (routing replay compares them).")
     if plan.contract.rollout.deterministic:
         notes.append("no --deterministic-mode: rollout determinism is an SGLang setting; Megatron's flag "
                      "would slow every trainer kernel without changing what rollout samples.")
     p = t.parallel
-    args += ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp),
-             "--expert-model-parallel-size", str(p.ep)]
+    put("--tensor-model-parallel-size", str(p.tp), "trainer.parallel.tp")
+    put("--pipeline-model-parallel-size", str(p.pp), "trainer.parallel.pp")
+    put("--expert-model-parallel-size", str(p.ep), "trainer.parallel.ep")
     if cat.is_moe:
-        args += ["--expert-tensor-parallel-size", "1"]
+        put("--expert-tensor-parallel-size", "1", "trainer.parallel")
         notes.append("--expert-tensor-parallel-size 1: routed experts are split across EP ranks, not cut by TP "
                      "(Megatron's default ETP=TP would multiply the expert group to TP x EP GPUs).")
     if p.tp > 1 and _arch(plan) < 10:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+        put_env("CUDA_DEVICE_MAX_CONNECTIONS", "1", "trainer.parallel.tp")
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: Megatron requires it for TP > 1 before Blackwell "
                      "(communication/compute overlap ordering).")
 
-    asked = next((d.path for d, _ in plan.used("fprop") if not d.scheme.wide), "trainer.rules")
-    where = {"--fp8-recipe": asked, "--fp4-recipe": asked, "--fp4-format": asked, "--te-precision-config-file": asked}
-    for engine, name in (("megatron", "Megatron (Miles' fork)"), ("transformer_engine", "Transformer Engine")):
-        check(engine, args, env, lambda key: where.get(key.split(" ", 1)[0], asked if key in env else "trainer"), name)
-    out.files["trainer/args.txt"] = "".join(a + "\n" for a in args)
-    out.files["trainer/env.sh"] = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
+    check("megatron", out.settings, "Megatron (Miles' fork)")
+    check("transformer_engine", out.settings, "Transformer Engine")
+    out.files["trainer/args.txt"] = "".join(a + "\n" for a in out.args)
+    out.files["trainer/env.sh"] = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(out.env.items()))
     return out

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
+from pcc.lower.settings import Setting, flag
 from pcc.lower.checkpoint_config import rollout_layout
 from pcc.lower.engine_support import check, miles_hardware_modes, targeted
 from pcc.lower.miles_arch import architecture, tables
@@ -37,82 +39,84 @@ def owned_sglang_fields() -> frozenset[str]:
     return frozenset(owned["refused"]) | frozenset(owned["overridden"])
 
 
-def _sglang_passthrough(args: list[str]) -> tuple[list[str], list[str]]:
-    """SGLang's arguments as Miles' --sglang-<field> ones, and the flags left to Miles."""
+def _sglang_passthrough(settings: list[Setting]) -> tuple[list[Setting], list[str]]:
+    """SGLang's records as Miles' --sglang-<field> ones (same value, same rule), and the flags left to
+    Miles (it sets them itself)."""
     owned = owned_sglang_fields()
-    out: list[str] = []
-    dropped: list[str] = []
-    i = 0
-    while i < len(args):
-        j = i + 1
-        while j < len(args) and not args[j].startswith("--"):
-            j += 1
-        flag = args[i]
-        if flag[2:].replace("-", "_") in owned:
-            dropped.append(flag)
+    out, dropped = [], []
+    for s in settings:
+        if s.key[2:].replace("-", "_") in owned:
+            dropped.append(s.key)
         else:
-            out += ["--sglang-" + flag[2:], *args[i + 1:j]]
-        i = j
+            out.append(replace(s, engine="miles", key="--sglang-" + s.key[2:]))
     return out, dropped
 
 
-def miles_args(plan: Plan) -> tuple[str, list[str], list[str]]:
-    """(entry script, Miles' own arguments, notes)."""
+def miles_args(plan: Plan) -> tuple[str, list[Setting], list[str]]:
+    """(entry script, Miles' own settings, notes)."""
     c = plan.contract
-    args: list[str] = []
+    args: list[Setting] = []
     notes: list[str] = []
+
+    def put(key: str, value=True, path: str | None = "sync") -> None:
+        args.append(flag("miles", key, value, path))
+
     script = "train.py"
     if c.sync.schedule == "colocated":
-        args.append("--colocate")
+        put("--colocate", path="sync.schedule")
     else:
         script = "train_async.py"
         if c.sync.max_staleness > 1:
-            args += ["--fully-async", "--max-weight-staleness", str(c.sync.max_staleness)]
+            put("--fully-async", path="sync.schedule")
+            put("--max-weight-staleness", str(c.sync.max_staleness), "sync.max_staleness")
             notes.append(f"async with staleness bound {c.sync.max_staleness}: fully-async mode")
         else:
             notes.append("async with staleness 1: train_async.py overlaps one update")
-    args += ["--rollout-num-gpus-per-engine", str(c.rollout.parallel.tp)]
+    put("--rollout-num-gpus-per-engine", str(c.rollout.parallel.tp), "rollout.parallel.tp")
     if c.rollout.max_tokens:
-        args += ["--rollout-max-response-len", str(c.rollout.max_tokens)]
+        put("--rollout-max-response-len", str(c.rollout.max_tokens), "rollout.max_tokens")
         notes.append(f"--rollout-max-response-len {c.rollout.max_tokens}: the contract's rollout max_tokens")
-    args += ["--update-weight-transfer-mode", TRANSFER[c.sync.transfer],
-             "--update-weight-buffer-size", str(BUFFER_BYTES)]
+    put("--update-weight-transfer-mode", TRANSFER[c.sync.transfer], "sync.transfer")
+    put("--update-weight-buffer-size", str(BUFFER_BYTES), "sync")
     if c.sync.interval != 1:
-        args += ["--update-weights-interval", str(c.sync.interval)]
+        put("--update-weights-interval", str(c.sync.interval), "sync.interval")
     corr = c.correction
     if corr.kind == "tis":
-        args += ["--use-tis", "--tis-clip", f"{corr.clip:g}"]
+        put("--use-tis", path="correction")
+        put("--tis-clip", f"{corr.clip:g}", "correction.clip")
         if corr.low is not None:
-            args += ["--tis-clip-low", f"{corr.low:g}"]
+            put("--tis-clip-low", f"{corr.low:g}", "correction.low")
     elif corr.kind != "none":
-        args.append("--use-tis")
+        put("--use-tis", path="correction")
         notes.append(f"correction '{corr.kind}' has no built-in Miles flag: the launch requires "
                      "PCC_TIS_FUNCTION, the --custom-tis-function-path that implements it")
     if c.routing_replay == "r3":
-        args.append("--use-rollout-routing-replay")
+        put("--use-rollout-routing-replay", path="routing_replay")
         notes.append("--use-rollout-routing-replay: Miles also makes SGLang return the routed experts "
                      "(it owns enable_return_routed_experts; --sglang-enable-return-routed-experts is refused)")
     elif c.routing_replay == "r2":
-        args.append("--use-routing-replay")
+        put("--use-routing-replay", path="routing_replay")
     t = c.trainable
     if t.kind == "lora":
         mods, wider = lora_modules(plan)
-        args += ["--lora-rank", str(t.rank), "--lora-alpha", f"{t.alpha:g}", "--target-modules", ",".join(mods)]
+        put("--lora-rank", str(t.rank), "trainable.rank")
+        put("--lora-alpha", f"{t.alpha:g}", "trainable.alpha")
+        put("--target-modules", ",".join(mods), "trainable.targets")
         notes.append("--lora-rank/--target-modules: Miles configures SGLang's LoRA from these (enable_lora, "
                      "max_lora_rank, lora_target_modules are its own)")
         if wider:
             notes.append(f"Miles matches LoRA targets by module name: {', '.join(mods)} also names "
                          f"{wider} operator(s) outside the contract's targets")
         if t.dropout:
-            args += ["--lora-dropout", f"{t.dropout:g}"]
-    args.append("--check-weight-update-equal")
+            put("--lora-dropout", f"{t.dropout:g}", "trainable.dropout")
+    put("--check-weight-update-equal")
     if plan.quantized("rollout"):
-        args.append("--check-weight-update-allow-quant-error")
+        put("--check-weight-update-allow-quant-error", path="rollout.rules")
         notes.append("rollout is quantized: the first-update check allows 1 ULP of the quantized dtype")
     return script, args, notes
 
 
-def placement(plan: Plan) -> tuple[list[str], list[str], list[Unsupported]]:
+def placement(plan: Plan) -> tuple[list[Setting], list[str], list[Unsupported]]:
     """Miles' GPU counts from the contract's `gpus` and `dp`: (flags, notes, PCC616 warnings for what
     they cannot carry). Megatron derives its data-parallel size from the world it is given
     (gpus / (tp x pp)), so the trainer's world is `gpus`, else tp x pp x dp; colocated, rollout runs on
@@ -121,7 +125,7 @@ def placement(plan: Plan) -> tuple[list[str], list[str], list[Unsupported]]:
     c = plan.contract
     r, t = c.rollout.parallel, c.trainer.parallel
     colocated = c.sync.schedule == "colocated"
-    args: list[str] = []
+    args: list[Setting] = []
     notes: list[str] = []
     warn: list[Unsupported] = []
     world = t.gpus or (r.gpus if colocated else None) or (t.tp * t.pp * t.dp if t.dp > 1 else None)
@@ -134,7 +138,9 @@ def placement(plan: Plan) -> tuple[list[str], list[str], list[Unsupported]]:
         node = hardware_table().get(plan.hardware("trainer") or "", {}).get("gpus_per_node", 8)
         if world <= node or world % node == 0:
             nodes, per = (1, world) if world <= node else (world // node, node)
-            args += ["--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", str(per)]
+            asked = "trainer.parallel.gpus" if t.gpus else "rollout.parallel.gpus" if not t.dp > 1 else "trainer.parallel.dp"
+            args += [flag("miles", "--actor-num-nodes", str(nodes), asked),
+                     flag("miles", "--actor-num-gpus-per-node", str(per), asked)]
             notes.append(f"--actor-num-nodes {nodes} --actor-num-gpus-per-node {per}: the trainer's {world} GPUs "
                          f"on nodes of {node} (targets/hardware.yaml gpus_per_node)")
         else:
@@ -144,7 +150,7 @@ def placement(plan: Plan) -> tuple[list[str], list[str], list[Unsupported]]:
                 "trainer.parallel.gpus" if t.gpus else "trainer.parallel.dp",
                 "use a multiple of the node size, or set --actor-num-nodes/--actor-num-gpus-per-node in the job"))
     if r.gpus and not colocated:
-        args += ["--rollout-num-gpus", str(r.gpus)]
+        args.append(flag("miles", "--rollout-num-gpus", str(r.gpus), "rollout.parallel.gpus"))
         notes.append(f"--rollout-num-gpus {r.gpus}: the contract's rollout gpus")
     elif r.gpus and r.gpus != world:
         warn.append(Unsupported(
@@ -165,21 +171,15 @@ def lora_modules(plan: Plan) -> tuple[list[str], int]:
     return mods, wider
 
 
-def _flag_lines(args: list[str], bundle_files: set[str]) -> list[str]:
-    """Shell-quoted arguments, one flag with its values per line. A bundle file named by an
-    argument (the TE precision file) becomes an absolute path, since the launch runs in MILES_DIR."""
-    out: list[str] = []
-    for a in args:
-        text = f'"$bundle"/{shlex.quote(a)}' if a in bundle_files else shlex.quote(a)
-        if a.startswith("--") or not out:
-            out.append(text)
-        else:
-            out[-1] += " " + text
-    return out
+def _flag_lines(settings: list[Setting], bundle_files: set[str]) -> list[str]:
+    """Shell-quoted flags, one with its values per line. A bundle file a flag names (the TE precision
+    file) becomes an absolute path, since the launch runs in MILES_DIR."""
+    return [" ".join(f'"$bundle"/{shlex.quote(w)}' if w in bundle_files else shlex.quote(w)
+                     for w in (s.key, *s.words())) for s in settings if s.kind == "flag"]
 
 
-def model_args_file(plan: Plan) -> tuple[str, list[str], str]:
-    """(miles/model_args.txt, its flags, why there are none). One flag with its values per
+def model_args_file(plan: Plan) -> tuple[str, list[Setting], str]:
+    """(miles/model_args.txt, its flags as records the model asks for, why there are none). One flag with its values per
     line; launch.sh splits each line on blanks, and skips blank lines and '#' comments."""
     arch, gap = architecture(plan.catalog.config, tables())
     head = [f"# Megatron architecture flags of model {plan.catalog.name}, generated by pcc from its config",
@@ -188,7 +188,9 @@ def model_args_file(plan: Plan) -> tuple[str, list[str], str]:
     if arch is None:
         return "\n".join(head + [f"# none: {gap}; give the architecture in the job file"]) + "\n", [], gap
     body = [" ".join(line) for line in arch.lines]
-    return "\n".join(head + [f"# {n}" for n in arch.notes] + body) + "\n", arch.args, ""
+    records = [flag("megatron", key, tuple(values) if len(values) > 1 else values[0] if values else True, "model")
+               for key, *values in arch.lines]
+    return "\n".join(head + [f"# {n}" for n in arch.notes] + body) + "\n", records, ""
 
 
 def _rule_asking(plan: Plan, side: str) -> str:
@@ -203,8 +205,8 @@ def _hardware_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
     """PCC615 warnings for low-precision modes the targeted Miles does not run on the contract's GPUs
     (targets/engines.yaml miles_hardware: engine support, not what the GPU can do)."""
     hw, out = hardware_table(), []
-    recipe = next((mega.args[i + 1] for i, a in enumerate(mega.args) if a in ("--fp8-recipe", "--fp4-recipe")),
-                  "int4_qat" if "OPEN_TRAINING_INT4_FAKE_QAT_FLAG" in mega.env else None)
+    recipe = mega.value("--fp8-recipe") or mega.value("--fp4-recipe") or (
+        "int4_qat" if "OPEN_TRAINING_INT4_FAKE_QAT_FLAG" in mega.env else None)
     for side, mode in (("trainer", recipe), ("rollout", rollout_layout(plan))):
         name = plan.hardware(side) or ""
         arch = hw.get(name, {}).get("arch")
@@ -218,18 +220,6 @@ def _hardware_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
             "(targets/hardware.yaml): that is another fact", "PCC615", _rule_asking(plan, side),
             "run this contract on NVIDIA hardware for Miles, or keep that side BF16"))
     return out
-
-
-def _asked_by(key: str) -> str:
-    """The contract path that made the Miles target emit `key` (a flag, a flag and its value, a variable)."""
-    flag = key.split(" ", 1)[0]
-    if flag in ("--use-rollout-routing-replay", "--use-routing-replay"):
-        return "routing_replay"
-    if flag.startswith("--lora") or flag == "--target-modules":
-        return "trainable"
-    if "tis" in flag:
-        return "correction"
-    return "trainer.rules" if flag.startswith("OPEN_TRAINING") else "sync"
 
 
 @target("miles", honours=("framework", "sync", "correction", "routing_replay", "trainable", "rollout.parallel.tp",
@@ -246,18 +236,21 @@ def lower_miles(plan: Plan) -> Lowered:
     placed, placed_notes, placed_warn = placement(plan)
     own += placed
     notes += placed_notes
-    sglang, dropped = _sglang_passthrough(roll.args)
+    sglang, dropped = _sglang_passthrough(roll.of("flag"))
     if dropped:
         notes.append(f"left to Miles, which sets them itself (targets/miles.yaml sglang_owned): {', '.join(dropped)}")
-    args = mega.args + own + sglang
-    custom_tis = ["--custom-tis-function-path"] * (plan.contract.correction.kind not in ("none", "tis"))
-    check("miles", own + custom_tis, mega.env, _asked_by, "Miles")
-    model_text, arch_args, gap = model_args_file(plan)
-    check("megatron", arch_args, None, lambda key: "model", "Megatron (Miles' fork)")
-    env = dict(sorted({**mega.env, **roll.env}.items()))
-    runtime_env = json.dumps({"env_vars": env}, indent=1, sort_keys=True) + "\n"
-    quoted = " \\\n  ".join(_flag_lines(args, set(mega.files) | set(roll.files)))
+    settings = [Setting("miles", "entry", "script", script, "sync.schedule"), *mega.of("flag"), *own, *sglang,
+                *sorted(mega.of("env") + roll.of("env"), key=lambda s: s.key)]
     custom = plan.contract.correction.kind not in ("none", "tis")
+    tis = [flag("miles", "--custom-tis-function-path", "$PCC_TIS_FUNCTION", "correction")] * custom
+    check("miles", own + tis + mega.of("env"), "Miles")
+    model_text, arch, gap = model_args_file(plan)
+    check("megatron", arch, "Megatron (Miles' fork)")
+    out = Lowered("miles", settings=settings)
+    args = out.args[1:]
+    env = out.env
+    runtime_env = json.dumps({"env_vars": env}, indent=1, sort_keys=True) + "\n"
+    quoted = " \\\n  ".join(_flag_lines(settings, set(mega.files) | set(roll.files)))
     need_tis = (f': "${{PCC_TIS_FUNCTION:?correction {plan.contract.correction.kind} needs its '
                 'implementation: set PCC_TIS_FUNCTION to a --custom-tis-function-path}"\n') if custom else ""
     tis_arg = ' \\\n  --custom-tis-function-path "$PCC_TIS_FUNCTION"' if custom else ""
@@ -324,5 +317,6 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
     caveats += _hardware_support(plan, mega)
     notes.append("engine versions targeted (targets/engines.yaml): " + "; ".join(
         f"{e} {targeted(e)}" for e in ("miles", "megatron", "transformer_engine", "sglang")))
-    return Lowered("miles", args=[script] + args, env=env, files=files, notes=mega.notes + roll.notes + notes,
-                   caveats=caveats)
+    out.files, out.notes, out.caveats = files, mega.notes + roll.notes + notes, caveats
+    return out
+

@@ -88,3 +88,15 @@ def server_script(s: Server, args: list[str], quant_method: str | None, adapter:
     body = " \\\n  ".join(" ".join(g) for g in groups)
     lines.append(f'exec {s.command} \\\n  {body} \\\n  ${{extra[@]+"${{extra[@]}}"}} "$@"')
     return "\n".join(lines) + "\n"
+
+
+def quantized_rule(plan: Plan) -> str:
+    """The first low-precision rollout rule of the weights (not the KV cache): what asked for the
+    checkpoint's quantization."""
+    ops = plan.catalog.operators
+    return next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide
+                 and any(ops[i].family != "kv_cache" for i in idx)), "rollout")
+
+
+def kv_cache_rule(plan: Plan) -> str:
+    return next((r.path for r in plan.kv_cache_formats().values() if r is not None), "rollout")

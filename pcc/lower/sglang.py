@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import json
 
-from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
+from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
-from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.lower.engine_support import check
+from pcc.lower.server_script import Server, kv_cache_rule, quantized_rule, request_caveats, server_script
+from pcc.lower.settings import Setting, flag
 from pcc.plan import Plan
 from pcc.resources import target_table
 
@@ -52,7 +53,7 @@ def _expert_layout(plan: Plan) -> str:
     return "wide"
 
 
-def _lora(plan: Plan, notes: list[str]) -> list[str]:
+def _lora(plan: Plan, notes: list[str]) -> list[Setting]:
     """LoRA target names from the adapter's operators, refused where SGLang would not apply them as stated."""
     t, tab, ops = plan.contract.trainable, tables(), plan.catalog.operators
     names, families = set(), set()
@@ -90,22 +91,9 @@ def _lora(plan: Plan, notes: list[str]) -> list[str]:
         notes.append("LoRA with an MXFP4 base: SGLang's MXFP4 method quantizes only the fused MoE layers, so "
                      "the attention the adapter targets stays BF16 and takes LoRA as usual; LoRA on the MXFP4 "
                      "experts themselves is refused (Mxfp4MoEMethod has no MoE LoRA runner)")
-    return ["--enable-lora", "--max-lora-rank", str(t.rank), "--lora-target-modules", *sorted(names)]
-
-
-def _asked_by(plan: Plan, key: str) -> str:
-    """The contract path that made the SGLang target emit `key` (a flag, or a flag and its value)."""
-    flag = key.split(" ", 1)[0]
-    if flag == "--quantization":
-        ops = plan.catalog.operators
-        return next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide
-                     and any(ops[i].family != "kv_cache" for i in idx)), "rollout")
-    if flag == "--kv-cache-dtype":
-        return next((r.path for r in plan.kv_cache_formats().values() if r is not None), "rollout")
-    if flag == "--enable-return-routed-experts":
-        return "routing_replay" if plan.contract.routing_replay == "r3" else "rollout.record"
-    return {"--enable-deterministic-inference": "rollout.deterministic", "--weight-version": "sync"}.get(
-        flag, "trainable" if "lora" in flag else "rollout")
+    return [flag("sglang", "--enable-lora", path="trainable"),
+            flag("sglang", "--max-lora-rank", str(t.rank), "trainable.rank"),
+            flag("sglang", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
 @target("sglang", honours=("rollout.rules", "rollout.parallel.tp", "rollout.parallel.ep", "rollout.parallel.pp",
@@ -117,52 +105,63 @@ def lower_sglang(plan: Plan) -> Lowered:
         unsupported("PCC611", f"rollout engine is '{c.rollout.engine}', not sglang", "rollout")
     for d, _ in plan.used("rollout"):
         if d.accumulate not in (None, "fp32"):
-            unsupported("PCC601", f"SGLang's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
-                        hint="drop 'accumulate', or write 'accumulate fp32'")
+            refuse("PCC601", f"SGLang's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
+                   hint="drop 'accumulate', or write 'accumulate fp32'")
         if d.output not in (None, "bf16"):
-            unsupported("PCC602", f"SGLang's linear layers write the model dtype (--dtype bfloat16), not "
-                        f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
+            refuse("PCC602", f"SGLang's linear layers write the model dtype (--dtype bfloat16), not "
+                   f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
     notes: list[str] = []
     layout = rollout_layout(plan)
-    args = ["--dtype", "bfloat16"]
+    out = Lowered("sglang", notes=notes)
+
+    def put(key: str, value=True, path: str | None = "rollout") -> None:
+        out.settings.append(flag("sglang", key, value, path))
+
+    put("--dtype", "bfloat16")
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
     if layout != "wide":
-        args += ["--quantization", tab["quantization"][layout]]
+        put("--quantization", tab["quantization"][layout], quantized_rule(plan))
         notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}. The checkpoint's "
                      "quantization_config names it too; passing it anyway makes SGLang refuse a checkpoint whose "
                      "config names another method, and the launch script refuses one that names none (where "
                      "SGLang would quantize a BF16 checkpoint online, in a layout other than the contract's)")
     kv = _kv_cache_dtype(plan)
-    args += ["--kv-cache-dtype", kv]
+    put("--kv-cache-dtype", kv, kv_cache_rule(plan))
     if kv != "auto":
         notes.append(f"--kv-cache-dtype {kv}: the rollout kv_cache rule; scales come from the checkpoint when "
                      "it carries them, else SGLang uses 1.0")
     par = c.rollout.parallel
-    args += ["--tp-size", str(par.tp), "--ep-size", str(par.ep), "--dp-size", str(par.dp)]
+    put("--tp-size", str(par.tp), "rollout.parallel.tp")
+    put("--ep-size", str(par.ep), "rollout.parallel.ep")
+    put("--dp-size", str(par.dp), "rollout.parallel.dp")
     if par.pp > 1:
-        args += ["--pp-size", str(par.pp)]
+        put("--pp-size", str(par.pp), "rollout.parallel.pp")
     if plan.hardware("rollout") == "cpu":
-        args += ["--device", "cpu"]
+        put("--device", "cpu", "rollout.hardware" if c.rollout.hardware else "hardware")
         notes.append("--device cpu: the contract's rollout hardware is cpu")
     if c.rollout.deterministic:
-        args.append("--enable-deterministic-inference")
+        put("--enable-deterministic-inference", path="rollout.deterministic")
         notes.append("--enable-deterministic-inference: the contract asks for a deterministic rollout "
                      "(batch-invariant kernels; slower)")
     if c.routing_replay == "r3" or "experts" in c.rollout.record:
+        asked = "routing_replay" if c.routing_replay == "r3" else "rollout.record"
         if not plan.catalog.is_moe:
-            unsupported("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
-                        "routing_replay")
-        args.append("--enable-return-routed-experts")
-        notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
-                     "was routed to in rollout")
-    args += ["--weight-version", tab["initial_weight_version"]]
+            refuse("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
+                   asked)
+        else:
+            put("--enable-return-routed-experts", path=asked)
+            notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
+                         "was routed to in rollout")
+    put("--weight-version", tab["initial_weight_version"], "sync")
     notes.append(f"--weight-version {tab['initial_weight_version']}: the checkpoint is version "
                  f"{tab['initial_weight_version']}; every sync raises it, so samples carry the version they came from")
     if c.trainable.kind == "lora":
-        args += _lora(plan, notes)
-    check("sglang", args, None, lambda key: _asked_by(plan, key), "SGLang")
-    files = {ARGS_FILE: "".join(a + "\n" for a in args),
-             LAUNCH: launch_script(args, tab["checkpoint_quant_method"].get(layout), c.trainable.kind == "lora")}
+        out.settings += _lora(plan, notes)
+    check("sglang", out.settings, "SGLang")
+    args = out.args
+    files = out.files
+    files.update({ARGS_FILE: "".join(a + "\n" for a in args),
+                  LAUNCH: launch_script(args, tab["checkpoint_quant_method"].get(layout), c.trainable.kind == "lora")})
     qcfg = quantization_config(plan)
     if qcfg is not None:
         files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
@@ -172,7 +171,8 @@ def lower_sglang(plan: Plan) -> Lowered:
             "SGLang tags every sample with the weight version that produced it (--weight-version, raised by each "
             "sync), and the launch cannot turn that off: 'record' without 'versions' still records versions",
             "PCC616", "rollout.record", "add 'versions' to 'record'"))
-    return Lowered("sglang", args=args, files=files, notes=notes, caveats=caveats)
+    out.caveats = caveats
+    return out
 
 
 SERVER = Server("launch_server.sh", "SGLang", 'python -m sglang.launch_server --model-path "$PCC_ROLLOUT_CHECKPOINT"',

@@ -16,6 +16,8 @@ import shlex
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
+from pcc.lower.server_script import kv_cache_rule, quantized_rule
+from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
 from pcc.resources import target_table
 
@@ -59,63 +61,45 @@ def tables() -> dict:
     return target_table("verl")
 
 
-def _value(v) -> str:
-    """A Hydra override value: booleans and null as YAML writes them, lists in brackets, every string
-    quoted (Hydra reads a bare `0.5_2.0` as the float 0.52 and `1` as an int; Ray's env_vars take strings)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return f"{v:g}" if isinstance(v, float) else str(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    text = str(v)
-    if "'" in text or "\\" in text:
-        unsupported("PCC625", f"value {text!r} cannot be written as a Hydra override", None)
-    return f"'{text}'"
+class _Keys:
+    """verl's Hydra keys as settings records, by key: a key set again keeps its place and takes the
+    new value, as the override dictionary did."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Setting] = {}
+
+    def set(self, key: str, value, path: str | None) -> None:
+        value = tuple(value) if isinstance(value, list) else value
+        if not hydra_quotable(value):
+            unsupported("PCC625", f"value {value!r} cannot be written as a Hydra override", path)
+        self.records[key] = Setting("verl", "key", key, value, path)
 
 
-def _groups(args: list[str]) -> list[tuple[str, list[str]]]:
-    out: list[tuple[str, list[str]]] = []
-    for a in args:
-        if a.startswith("--"):
-            out.append((a, []))
-        else:
-            out[-1][1].append(a)
-    return out
-
-
-def _megatron(plan: Plan, over: dict, env: dict, notes: list[str]) -> None:
+def _megatron(plan: Plan, over: "_Keys", notes: list[str]) -> None:
     """The megatron target's arguments, moved to where verl's Megatron engine takes them."""
     mega, table = lower(plan, "megatron"), tables()["megatron_args"]
-    for flag, values in _groups(mega.args):
+    for s in mega.of("flag"):
+        flag, values = s.key, s.words()
         where = table.get(flag)
         if where is None:
             unsupported("PCC625", f"verl's Megatron engine has no setting pcc maps the contract's Megatron argument "
-                        f"{flag} to (targets/verl.yaml megatron_args)", _trainer_path(plan, flag),
+                        f"{flag} to (targets/verl.yaml megatron_args)", s.path,
                         hint="run the contract on Miles ('pcc run --target miles')")
         value = values[0] if values else True
         if "fixed" in where:
             if value != where["fixed"]:
                 unsupported("PCC625", f"verl runs {flag} {where['fixed']}; the contract asks for "
-                            f"{flag} {' '.join(values)}", _trainer_path(plan, flag))
+                            f"{flag} {' '.join(values)}", s.path)
             continue
         value = int(value) if isinstance(value, str) and value.isdigit() else value
         if "transformer" in where:
-            over[f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}"] = value
+            over.set(f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}", value, s.path)
         else:
-            over[f"{ACTOR}.megatron.{where['engine']}"] = value
-    if "--use-distributed-optimizer" not in mega.args:  # verl's McoreEngineConfig defaults it on
-        over[f"{ACTOR}.megatron.use_distributed_optimizer"] = False
-    for name, value in sorted(mega.env.items()):
-        env[name] = value
+            over.set(f"{ACTOR}.megatron.{where['engine']}", value, s.path)
+    if mega.value("--use-distributed-optimizer") is None:  # verl's McoreEngineConfig defaults it on
+        over.set(f"{ACTOR}.megatron.use_distributed_optimizer", False, "trainer.optimizer")
     notes.append("trainer: the megatron target's arguments as verl's McoreEngineConfig keys and TransformerConfig "
                  "overrides (actor.megatron.override_transformer_config); its environment through Ray's runtime_env")
-
-
-def _trainer_path(plan: Plan, flag: str) -> str:
-    return "trainer.rules" if flag.startswith(("--fp8", "--fp4", "--te-")) else "trainer"
 
 
 def _fsdp(plan: Plan, notes: list[str], caveats: list[Unsupported]) -> None:
@@ -148,28 +132,28 @@ def _fsdp(plan: Plan, notes: list[str], caveats: list[Unsupported]) -> None:
             f"set trainer.n_gpus_per_node and trainer.nnodes in the job file to {n} GPUs in all"))
 
 
-def _rollout(plan: Plan, over: dict, notes: list[str]) -> None:
+def _rollout(plan: Plan, over: "_Keys", notes: list[str]) -> None:
     c = plan.contract
     par = c.rollout.parallel
     if par.pp > 1:
         unsupported("PCC625", "verl's vLLM and SGLang rollouts have no pipeline parallelism "
                     "(RolloutConfig raises for pipeline_model_parallel_size > 1)", "rollout.parallel")
     roll = lower(plan, c.rollout.engine)  # the engine's own refusals (KV cache dtype, ep, LoRA) come first
-    over[f"{ROLLOUT}.name"] = c.rollout.engine
-    over[f"{ROLLOUT}.tensor_model_parallel_size"] = par.tp
-    over[f"{ROLLOUT}.data_parallel_size"] = par.dp
-    over[f"{ROLLOUT}.expert_parallel_size"] = par.ep
-    over[f"{ROLLOUT}.quantization"] = _online_quantization(plan)
-    kv = roll.args[roll.args.index("--kv-cache-dtype") + 1]
+    over.set(f"{ROLLOUT}.name", c.rollout.engine, "rollout.engine")
+    over.set(f"{ROLLOUT}.tensor_model_parallel_size", par.tp, "rollout.parallel.tp")
+    over.set(f"{ROLLOUT}.data_parallel_size", par.dp, "rollout.parallel.dp")
+    over.set(f"{ROLLOUT}.expert_parallel_size", par.ep, "rollout.parallel.ep")
+    over.set(f"{ROLLOUT}.quantization", _online_quantization(plan), quantized_rule(plan))
+    kv = roll.value("--kv-cache-dtype")
     if kv != "auto":
-        over[f"+{ROLLOUT}.engine_kwargs.{c.rollout.engine}.kv_cache_dtype"] = kv
+        over.set(f"+{ROLLOUT}.engine_kwargs.{c.rollout.engine}.kv_cache_dtype", kv, kv_cache_rule(plan))
         notes.append(f"rollout.engine_kwargs.{c.rollout.engine}.kv_cache_dtype {kv}: verl passes engine_kwargs to "
                      "the rollout server; scales start at 1.0 (verl syncs no KV scales)")
-    over[f"{ROLLOUT}.calculate_log_probs"] = "logprobs" in c.rollout.record
+    over.set(f"{ROLLOUT}.calculate_log_probs", "logprobs" in c.rollout.record, "rollout.record")
     if c.rollout.deterministic:
-        over[f"{ROLLOUT}.full_determinism"] = True
+        over.set(f"{ROLLOUT}.full_determinism", True, "rollout.deterministic")
     if c.rollout.max_tokens:
-        over[f"{ROLLOUT}.response_length"] = c.rollout.max_tokens
+        over.set(f"{ROLLOUT}.response_length", c.rollout.max_tokens, "rollout.max_tokens")
 
 
 def _online_quantization(plan: Plan) -> str | None:
@@ -200,7 +184,7 @@ def _online_quantization(plan: Plan) -> str | None:
     return fp8["value"]
 
 
-def _correction(plan: Plan, over: dict, notes: list[str]) -> None:
+def _correction(plan: Plan, over: "_Keys", notes: list[str]) -> None:
     """algorithm.rollout_correction: verl's TIS (truncate at the upper bound) and IcePop (zero the
     weights outside [lower, upper]), matching pcc's definitions (pcc/runtime/objective.py)."""
     corr, key = plan.contract.correction, "algorithm.rollout_correction"
@@ -222,19 +206,19 @@ def _correction(plan: Plan, over: dict, notes: list[str]) -> None:
                         f"correction {corr.kind} without 'low' drops only weights above {hi:g}", "correction",
                         hint=f"write 'low' (e.g. low {1 / hi:g})")
         threshold = f"{lo:g}_{hi:g}"
-    over[f"{key}.rollout_is"] = corr.level
-    over[f"{key}.rollout_is_threshold"] = threshold
+    over.set(f"{key}.rollout_is", corr.level, "correction")
+    over.set(f"{key}.rollout_is_threshold", threshold, "correction")
     notes.append(f"correction {corr.kind}: rollout_is {corr.level}, threshold {threshold} "
                  f"({'TIS' if corr.kind == 'tis' else 'IcePop: weights outside [lower, upper] are zeroed'})")
 
 
-def _lora(plan: Plan, over: dict) -> None:
+def _lora(plan: Plan, over: "_Keys") -> None:
     c, tab, ops = plan.contract, tables(), plan.catalog.operators
     t = c.trainable
     if c.trainer.engine == "fsdp":
-        over["actor_rollout_ref.model.lora_rank"] = t.rank
-        over["actor_rollout_ref.model.lora_alpha"] = t.alpha
-        over["actor_rollout_ref.model.target_modules"] = sorted({module_leaf(ops[i].tensor) for i in plan.trainable})
+        over.set("actor_rollout_ref.model.lora_rank", t.rank, "trainable.rank")
+        over.set("actor_rollout_ref.model.lora_alpha", t.alpha, "trainable.alpha")
+        over.set("actor_rollout_ref.model.target_modules", sorted({module_leaf(ops[i].tensor) for i in plan.trainable}), "trainable.targets")
         return
     families = {ops[i].family for i in plan.trainable}
     names = set()
@@ -250,9 +234,9 @@ def _lora(plan: Plan, over: dict) -> None:
             unsupported("PCC627", f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
                         f"{', '.join(missing)}, which the contract leaves frozen", at,
                         hint=f"add {', '.join(missing)} to the targets")
-    over["actor_rollout_ref.model.lora.rank"] = t.rank
-    over["actor_rollout_ref.model.lora.alpha"] = t.alpha
-    over["actor_rollout_ref.model.lora.target_modules"] = sorted(names)
+    over.set("actor_rollout_ref.model.lora.rank", t.rank, "trainable.rank")
+    over.set("actor_rollout_ref.model.lora.alpha", t.alpha, "trainable.alpha")
+    over.set("actor_rollout_ref.model.lora.target_modules", sorted(names), "trainable.targets")
 
 
 @target("verl", honours=("framework", "trainer", "rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
@@ -265,13 +249,12 @@ def lower_verl(plan: Plan) -> Lowered:
         unsupported("PCC629", "verl's main_ppo runs the colocated schedule and syncs BF16 weights (its rollout "
                     f"quantizes them); the contract asks for schedule {c.sync.schedule}, bridge {c.sync.bridge}",
                     "sync", hint="write 'schedule colocated bridge bf16' (verl's fully-async trainer is another entry point)")
-    over: dict = {}
-    env: dict[str, str] = {}
+    over = _Keys()
     notes: list[str] = [f"--config-name {tab['config_name'][c.trainer.engine]}: verl's actor strategy "
                         f"{c.trainer.engine}"]
     caveats: list[Unsupported] = []
     if c.trainer.engine == "megatron":
-        _megatron(plan, over, env, notes)
+        _megatron(plan, over, notes)
     else:
         _fsdp(plan, notes, caveats)
     _rollout(plan, over, notes)
@@ -279,17 +262,19 @@ def lower_verl(plan: Plan) -> Lowered:
         if c.trainer.engine != "megatron":
             unsupported("PCC625", "verl replays routes in its Megatron engine only (actor.megatron.router_replay)",
                         "routing_replay")
-        over[f"{ACTOR}.megatron.router_replay.mode"] = c.routing_replay.upper()
+        over.set(f"{ACTOR}.megatron.router_replay.mode", c.routing_replay.upper(), "routing_replay")
         if c.routing_replay == "r3":
-            over[f"{ROLLOUT}.enable_rollout_routing_replay"] = True
+            over.set(f"{ROLLOUT}.enable_rollout_routing_replay", True, "routing_replay")
     _correction(plan, over, notes)
     if c.trainable.kind == "lora":
         _lora(plan, over)
-    args = [f"{k}={_value(v)}" for k, v in over.items()]
-    args += [f"{tab['env_key']}.{k}={_value(v)}" for k, v in sorted(env.items())]
+    if c.trainer.engine == "megatron":  # the trainer's environment, through Ray's runtime_env: Hydra keys, last
+        for e in sorted(lower(plan, "megatron").of("env"), key=lambda e: e.key):
+            over.set(f"{tab['env_key']}.{e.key}", e.value, e.path)
+    out = Lowered("verl", settings=list(over.records.values()), notes=notes, caveats=caveats)
     config = tab["config_name"][c.trainer.engine]
-    files = {OVERRIDES_FILE: "".join(a + "\n" for a in args), LAUNCH: launch_script(config, args)}
-    return Lowered("verl", args=args, env=env, files=files, notes=notes, caveats=caveats)
+    out.files = {OVERRIDES_FILE: "".join(a + "\n" for a in out.args), LAUNCH: launch_script(config, out.args)}
+    return out
 
 
 def launch_script(config: str, args: list[str]) -> str:

