@@ -27,7 +27,8 @@ def cmd_compile(args, rep) -> int:
     verified = verify_engines(c.plan, args.out) if args.verify else []
     failed = [v for v in verified if not v["ok"]]
     for v in failed:
-        rep.error(f"verify {v['target']}: REJECTED: {v['message']}")
+        asked = f" ({v['key']} is asked by {v['rule'] or v['path']})" if v.get("key") else ""
+        rep.error(f"verify {v['target']}: REJECTED: {v['message']}{asked}")
     rep.result = {"file": args.file, "bundle": args.out, "files": sorted(files), "verify": verified}
     rep.say(f"{args.out}: {len(files)} files from {args.file}")
     for v in verified:
@@ -130,7 +131,7 @@ def verify_engines(plan, bundle: str) -> list[dict]:
         lo = lower(plan, "vllm")
         quant = []
         if QUANT_FILE in lo.files:  # the checkpoint config vLLM resolves against --quantization
-            flag = lo.args[lo.args.index("--quantization") + 1] if "--quantization" in lo.args else None
+            flag = lo.value("--quantization")
             quant.append({"config": quantization_config(plan), "flag": flag,
                           "model_type": plan.catalog.config.get("model_type")})
         out = vv.run_batch(args=[lo.args], quant=quant)
@@ -159,11 +160,23 @@ def verify_engines(plan, bundle: str) -> list[dict]:
         except ImportError as exc:
             out.append({"target": name, "ok": False, "message": f"the engine's parser is not installed ({exc}); "
                         "bash requirements/install-engines.sh"})
-        except Exception as exc:  # the engine's own rejection, reported as such
-            out.append({"target": name, "ok": False, "message": str(exc)})
+        except Exception as exc:  # the engine's own rejection, reported as such, with the rule that asked
+            out.append({"target": name, "ok": False, "message": str(exc), **_asked(plan, name, str(exc))})
         else:
             out.append({"target": name, "ok": True, "message": ""})
     return out
+
+
+def _asked(plan, name: str, message: str) -> dict:
+    """The contract rule behind the setting an engine's rejection names: the first record of the target
+    whose key the message quotes (`{}` when it names none)."""
+    from pcc.lower import lower
+
+    found = next((s for s in lower(plan, name).settings if s.key in message and s.path), None)
+    if found is None:
+        return {}
+    span = plan.smap.find(found.path)
+    return {"key": found.key, "path": found.path, "rule": str(span) if span else None}
 
 
 def register(sub) -> None:

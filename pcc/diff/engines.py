@@ -1,6 +1,6 @@
 """The engine arguments a change moves: the targets each side's bundle holds, lowered through
-`pcc.lower.lower` and compared as lowered (argv flags, Hydra overrides, environment, files; a JSON
-file such as trainer/fsdp.json field by field), never re-derived from the plans.
+`pcc.lower.lower` and compared as lowered: their settings records (flags, Hydra keys, environment),
+never argv parsed back, and their files (a JSON file such as trainer/fsdp.json field by field).
 
 By default the targets are those either bundle lowers (`pcc.lower.targets_for`), less the converter
 and the expectations, which the Rollout and Expectations sections already compare semantically. A
@@ -16,27 +16,19 @@ from pcc.diff.compare import field_changes
 from pcc.plan import Plan
 
 SEMANTIC_ELSEWHERE = ("converter", "expectations")  # the diff's own sections cover what these write
-HYDRA = ("verl",)  # targets whose arguments are Hydra overrides (key=value), not --flags
 
 
-def flags(args: list[str]) -> dict[str, str]:
-    """argv -> {flag: value}; a bare flag maps to "" and repeats join with " | "."""
-    out: dict[str, str] = {}
-    key = None
-    for tok in args:
-        if tok.startswith("--"):
-            key, _, inline = tok.partition("=")
-            out[key] = out[key] + " | " + inline if key in out else inline
-        elif key is not None:
-            out[key] = (out[key] + " " + tok).strip()
+def settings_view(settings) -> tuple[dict[str, str], dict[str, str]]:
+    """A target's settings records as ({key: value as shown}, {variable: value}): a key set twice shows
+    both values joined by " | " (a repeated flag), a bare flag shows ""."""
+    keys: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for s in settings:
+        if s.kind == "env":
+            env[s.key] = s.shown()
         else:
-            out[tok] = ""  # a positional before any flag
-    return out
-
-
-def hydra_overrides(args: list[str]) -> dict[str, str]:
-    """Hydra overrides -> {key: value} as written (`+key` kept: adding a key is not overriding it)."""
-    return dict(a.partition("=")[::2] for a in args)
+            keys[s.key] = keys[s.key] + " | " + s.shown() if s.key in keys else s.shown()
+    return keys, env
 
 
 def json_changes(a, b, path: str = "") -> list[dict]:
@@ -95,12 +87,11 @@ def engine_changes(pa: Plan, pb: Plan, targets=None) -> dict[str, dict]:
         if note_a or note_b:
             out[name] = {"available": False, "note": note_a or note_b}
             continue
-        parse = hydra_overrides if name in HYDRA else flags
-        args_a, args_b = (parse(lo.args) if lo else {} for lo in (la, lb))
+        (args_a, env_a), (args_b, env_b) = (settings_view(lo.settings if lo else ()) for lo in (la, lb))
         files_a, files_b = (lo.files if lo else {} for lo in (la, lb))
         out[name] = {"available": True, "lowered_by": "both" if in_a and in_b else "A only" if in_a else "B only",
                      "args": field_changes(args_a, args_b),
-                     "env": field_changes(la.env if la else {}, lb.env if lb else {}),
+                     "env": field_changes(env_a, env_b),
                      "files": [_file_change(f, files_a.get(f), files_b.get(f)) for f in sorted(set(files_a) | set(files_b))
                                if files_a.get(f) != files_b.get(f)]}
     return out

@@ -194,6 +194,20 @@ def lower(plan: Plan, name: str) -> Lowered:
     return cache[name]
 
 
+def lower_each(plan: Plan, *names: str) -> tuple[Lowered, ...]:
+    """Lower every target in `names` (what a framework composes) before reporting: one Refused with
+    the refusals of all of them, not only the first target's."""
+    out, found = [], []
+    for name in names:
+        try:
+            out.append(lower(plan, name))
+        except Refused as exc:
+            found += exc.found
+    if found:
+        raise Refused(found)
+    return tuple(out)
+
+
 _LOWERED: dict[int, dict] = {}  # id(plan) -> target -> Lowered or Refused, dropped with the Plan
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 
-from pcc.lower import PATH_VARIABLES, Lowered, Unsupported, target, unsupported
+from pcc.lower import PATH_VARIABLES, Lowered, Unsupported, refuse, target, unsupported
 from pcc.plan import Plan
 from pcc.plan.patterns import NON_GEMM
 from pcc.resources import target_table
@@ -52,12 +52,12 @@ def _accumulate_output(plan: Plan) -> None:
     for comp in GEMMS:
         for d, _ in plan.used(comp):
             if d.accumulate not in (None, "fp32"):
-                unsupported("PCC601", f"torch and torchao accumulate {comp} GEMMs in FP32, not {d.accumulate}",
-                            d.path, hint="drop 'accumulate', or write 'accumulate fp32'")
+                refuse("PCC601", f"torch and torchao accumulate {comp} GEMMs in FP32, not {d.accumulate}",
+                       d.path, hint="drop 'accumulate', or write 'accumulate fp32'")
             allowed = {act, plan.contract.trainer.grads} if comp == "wgrad" else {act}
             if d.output not in (None, *allowed):
-                unsupported("PCC602", f"the FSDP trainer's {comp} GEMMs write {' or '.join(sorted(allowed))}, not "
-                            f"{d.output}", d.path, hint=f"drop 'output', or write 'output {act}'")
+                refuse("PCC602", f"the FSDP trainer's {comp} GEMMs write {' or '.join(sorted(allowed))}, not "
+                       f"{d.output}", d.path, hint=f"drop 'output', or write 'output {act}'")
 
 
 def _float8(plan: Plan, i: int) -> dict:
@@ -217,23 +217,23 @@ def _state(plan: Plan, notes: list[str]) -> dict:
         unsupported("PCC641", f"FSDP2 computes in bf16, fp16 or fp32, not {t.params} parameters", "trainer.params",
                     hint="write 'params bf16' (FP8 weights in the all-gather are 'param_gather fp8')")
     if t.master != "fp32":
-        unsupported("PCC641", f"FSDP2 shards the parameters it trains as the master copy; pcc keeps them fp32, "
-                    f"not {t.master}", "trainer.master", hint="write 'master fp32'")
+        refuse("PCC641", f"FSDP2 shards the parameters it trains as the master copy; pcc keeps them fp32, "
+               f"not {t.master}", "trainer.master", hint="write 'master fp32'")
     if t.moments != t.master:
-        unsupported("PCC641", f"torch's Adam keeps its moments in the parameter's dtype ({t.master}), not "
-                    f"{t.moments}", "trainer.moments", hint=f"write 'moments {t.master}'")
+        refuse("PCC641", f"torch's Adam keeps its moments in the parameter's dtype ({t.master}), not "
+               f"{t.moments}", "trainer.moments", hint=f"write 'moments {t.master}'")
     if t.grads not in ("fp32", "bf16"):
         unsupported("PCC641", f"FSDP2 reduces gradients in fp32 or bf16, not {t.grads}", "trainer.grads")
     opt = t.optimizer
     if opt.precision_aware:
-        unsupported("PCC641", "the precision-aware optimizer is Megatron's; FSDP2 has none", "trainer.optimizer",
-                    hint="drop 'precision_aware'")
+        refuse("PCC641", "the precision-aware optimizer is Megatron's; FSDP2 has none", "trainer.optimizer",
+               hint="drop 'precision_aware'")
     p = t.parallel
     for axis in ("tp", "pp", "ep"):
         if getattr(p, axis) > 1:
-            unsupported("PCC641", f"the FSDP2 trainer pcc emits shards data-parallel only; {axis} "
-                        f"{getattr(p, axis)} has no setting", f"trainer.parallel.{axis}",
-                        hint=f"write 'parallel {axis} 1', or use 'trainer megatron'")
+            refuse("PCC641", f"the FSDP2 trainer pcc emits shards data-parallel only; {axis} "
+                   f"{getattr(p, axis)} has no setting", f"trainer.parallel.{axis}",
+                   hint=f"write 'parallel {axis} 1', or use 'trainer megatron'")
     notes.append(f"MixedPrecisionPolicy(param_dtype={dt[t.params]}, reduce_dtype={dt[t.grads]}): the contract's "
                  f"params and grads; the sharded parameters and Adam's moments stay {dt[t.master]}")
     return {"mp_policy": {"param_dtype": dt[t.params], "reduce_dtype": dt[t.grads]},

@@ -17,7 +17,7 @@ import json
 import shlex
 from dataclasses import replace
 
-from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
+from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower_each, module_leaf, target, unsupported
 from pcc.lower.settings import Setting, flag
 from pcc.lower.checkpoint_config import rollout_layout
 from pcc.lower.engine_support import check, miles_hardware_modes, targeted
@@ -230,8 +230,7 @@ def lower_miles(plan: Plan) -> Lowered:
         unsupported("PCC630", f"Miles runs a Megatron trainer with an SGLang rollout; the contract names "
                     f"'framework miles' with trainer {c.trainer.engine} and rollout {c.rollout.engine}", "framework",
                     hint="use 'framework verl' for this trainer and rollout, or 'trainer megatron' and 'rollout sglang'")
-    mega = lower(plan, "megatron")
-    roll = lower(plan, "sglang")
+    mega, roll = lower_each(plan, "megatron", "sglang")
     script, own, notes = miles_args(plan)
     placed, placed_notes, placed_warn = placement(plan)
     own += placed

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import shlex
 
-from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
+from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
@@ -250,6 +250,7 @@ def lower_verl(plan: Plan) -> Lowered:
                     f"quantizes them); the contract asks for schedule {c.sync.schedule}, bridge {c.sync.bridge}",
                     "sync", hint="write 'schedule colocated bridge bf16' (verl's fully-async trainer is another entry point)")
     over = _Keys()
+    lower_each(plan, *("megatron",) * (c.trainer.engine == "megatron"), c.rollout.engine)  # all their refusals
     notes: list[str] = [f"--config-name {tab['config_name'][c.trainer.engine]}: verl's actor strategy "
                         f"{c.trainer.engine}"]
     caveats: list[Unsupported] = []

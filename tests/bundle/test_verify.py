@@ -50,3 +50,20 @@ def test_compile_verify_checks_a_verl_contract_with_vllm_and_verl(engines, tmp_p
     assert main(["compile", str(path), "-o", str(tmp_path / "b"), "--verify", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["result"]
     assert [(v["target"], v["ok"]) for v in out["verify"]] == [("megatron", True), ("vllm", True), ("verl", True)]
+
+
+def test_an_engine_rejection_names_the_rule_that_asked(engines, tmp_path, capsys, monkeypatch):
+    """SGLang's own parser rejects a --kv-cache-dtype it does not have: the report names the setting and
+    the contract rule (file:line) whose record asked for it, read from the records, not reconstructed."""
+    from pcc.lower import sglang
+
+    table = {**sglang.tables(), "kv_cache_dtype": {**sglang.tables()["kv_cache_dtype"], "fp8_e4m3": "fp9_e9m9"}}
+    monkeypatch.setattr(sglang, "tables", lambda: table)
+    path = ROOT / "contracts" / "glm52_fp8_rollout.prec"
+    assert main(["compile", str(path), "-o", str(tmp_path / "b"), "--verify", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (bad,) = [v for v in doc["result"]["verify"] if not v["ok"]]
+    assert bad["target"] == "sglang" and "fp9_e9m9" in bad["message"]
+    assert (bad["key"], bad["path"]) == ("--kv-cache-dtype", "rollout.rules[1]")
+    assert bad["rule"] == f"{path}:18:5"
+    assert any(f"is asked by {path}:18:5" in d["message"] for d in doc["diagnostics"])

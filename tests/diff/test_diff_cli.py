@@ -11,8 +11,9 @@ import pytest
 import pcc.lower
 from pcc.cli import main
 from pcc.diff import diff_plans
-from pcc.diff.engines import flags
+from pcc.diff.engines import settings_view
 from pcc.lower import Lowered
+from pcc.lower.settings import Setting, env, flag
 from pcc.plan import compile_file
 
 PAIRS = Path(__file__).resolve().parent / "pairs"
@@ -89,8 +90,10 @@ def fake_target():
     def lower_fake(plan) -> Lowered:
         used = sorted({plan.scheme_name("rollout", i) for i in range(len(plan.catalog.operators))})
         tp = str(plan.contract.rollout.parallel.tp)
-        return Lowered(name, args=["--quantization", ",".join(used), "--tp-size", tp],
-                       env={"FAKE_SCHEMES": str(len(used))}, files={"precision.yaml": "\n".join(used)})
+        return Lowered(name, settings=[flag(name, "--quantization", ",".join(used), "rollout.rules"),
+                                       flag(name, "--tp-size", tp, "rollout.parallel.tp"),
+                                       env(name, "FAKE_SCHEMES", str(len(used)), "rollout.rules")],
+                       files={"precision.yaml": "\n".join(used)})
 
     pcc.lower.target(name)(lower_fake)
     yield name
@@ -119,6 +122,13 @@ def test_engine_argument_changes(fake_target, tmp_path):
     assert e["env"] == [] and e["files"] == [{"path": "precision.yaml", "change": "changed"}]
 
 
-def test_flags_parsing():
-    assert flags(["--bf16", "--fp8-format", "e4m3", "--lora-target-modules", "q_proj", "o_proj", "--x=1"]) == {
-        "--bf16": "", "--fp8-format": "e4m3", "--lora-target-modules": "q_proj o_proj", "--x": "1"}
+def test_settings_as_the_diff_shows_them():
+    """Records, not argv: a bare flag shows "", several words joined, a repeated key both values, a Hydra
+    key as Hydra reads it, and variables apart."""
+    records = [flag("e", "--bf16"), flag("e", "--fp8-format", "e4m3"),
+               flag("e", "--lora-target-modules", ("q_proj", "o_proj")), flag("e", "--x", "1"), flag("e", "--x", "2"),
+               Setting("e", "key", "a.b", 0.5, None), Setting("e", "key", "a.c", "0.5_2.0", None),
+               Setting("e", "key", "a.d", ["q", "v"], None), env("e", "NVTE_X", "1")]
+    assert settings_view(records) == ({"--bf16": "", "--fp8-format": "e4m3", "--lora-target-modules": "q_proj o_proj",
+                                       "--x": "1 | 2", "a.b": "0.5", "a.c": "'0.5_2.0'", "a.d": "['q','v']"},
+                                      {"NVTE_X": "1"})

@@ -7,7 +7,7 @@ from pathlib import Path
 from pcc.bundle import write_bundle
 from pcc.cli import main
 from pcc.diff import diff
-from pcc.diff.engines import hydra_overrides, json_changes
+from pcc.diff.engines import json_changes
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,7 @@ def test_miles_against_verl_shows_the_two_launches_and_nothing_else(tmp_path):
     assert all(c["from"] is None for c in verl["args"])
     miles_flags = {w for w in a["miles/args.txt"].split() if w.startswith("--")}
     assert {c["field"] for c in miles["args"] if c["field"].startswith("--")} == miles_flags
+    assert {"field": "script", "from": "train.py", "to": None} in miles["args"]
     assert all(c["to"] is None for c in miles["args"])
     assert [c["field"] for c in r["placement"]] == ["framework"]
 
@@ -78,14 +79,13 @@ def test_the_fsdp_trainer_file_is_compared_field_by_field(capsys):
     assert "fsdp    file trainer/fsdp.json" in out and "low_precision[0].config.recipe" in out
 
 
-def test_json_changes_and_hydra_overrides():
+def test_json_changes():
     a = {"x": 1, "l": [{"m": ["a", "b"]}], "s": [1, 2]}
     b = {"x": 1, "l": [{"m": ["a"]}, {"m": ["c"]}], "s": [2, 1], "new": True}
     assert json_changes(a, b) == [{"field": "l[0].m", "from": ["a", "b"], "to": ["a"]},
                                   {"field": "l[1].m", "from": None, "to": ["c"]},
                                   {"field": "new", "from": None, "to": True},
                                   {"field": "s", "from": [1, 2], "to": [2, 1]}]
-    assert hydra_overrides(["+a.b='x=y'", "c=1"]) == {"+a.b": "'x=y'", "c": "1"}
 
 
 def test_the_json_report_carries_long_lists_whole_and_the_text_shortens_them(capsys):
