@@ -26,6 +26,7 @@ import os
 import sys
 from pathlib import Path
 
+from pcc.lang.diagnostics import PccError
 from pcc.lang.outputs import write_atomic
 
 EXIT_OK = 0
@@ -37,8 +38,9 @@ EXIT_INTERRUPTED = 130
 ENVELOPE_KEYS = ("command", "ok", "exit_code", "diagnostics", "result")
 
 
-class UsageError(Exception):
-    """Exit 2: the command line is wrong, or an input it names cannot be read."""
+class UsageError(PccError):
+    """Exit 2: the command line is wrong, or an input it names cannot be read (code null: not about a
+    contract). Caught before PccError wherever both are."""
 
     def __init__(self, message: str, file: str | None = None):
         super().__init__(message)
@@ -119,7 +121,6 @@ class Report:
 # -- the verbs that only read contracts ---------------------------------------------------------
 
 def cmd_check(args, rep: Report) -> int:
-    from pcc.lang.diagnostics import PccError
     from pcc.lower import compile_file
 
     results, worst = [], EXIT_OK
@@ -307,7 +308,7 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgparseError(self, message)
 
 
-class _ArgparseError(Exception):
+class _ArgparseError(PccError):
     def __init__(self, parser: argparse.ArgumentParser, message: str):
         super().__init__(message)
         self.parser = parser
@@ -431,8 +432,6 @@ def _run(args, rep: Report) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pcc.lang.diagnostics import PccError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     rep = Report(_command_of(argv), as_json)
