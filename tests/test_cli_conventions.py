@@ -272,41 +272,31 @@ def test_the_runtime_does_not_import_the_bundle_stage():
 
 # -- --output-format ------------------------------------------------------------------------------
 
+def _obj(required: list[str], **properties) -> dict:
+    return {"type": "object", "required": required, "properties": properties}
+
+
 # The parts of the SARIF 2.1.0 schema (docs.oasis-open.org/sarif/sarif/v2.1.0, sarif-schema-2.1.0.json)
 # a pcc log uses: each object's required properties, the level enum, 1-based regions. No copy of the
 # schema itself is installable here (sarif-om and jschema-to-python ship none).
-SARIF = {
-    "type": "object", "required": ["version", "runs"],
-    "properties": {
-        "version": {"const": "2.1.0"}, "$schema": {"type": "string", "format": "uri"},
-        "runs": {"type": "array", "items": {
-            "type": "object", "required": ["tool"],
-            "properties": {
-                "tool": {"type": "object", "required": ["driver"], "properties": {"driver": {
-                    "type": "object", "required": ["name"], "properties": {
-                        "name": {"type": "string"}, "version": {"type": "string"},
-                        "rules": {"type": "array", "uniqueItems": True, "items": {
-                            "type": "object", "required": ["id"], "properties": {
-                                "id": {"type": "string"},
-                                "shortDescription": {"$ref": "#/$defs/message"},
-                                "defaultConfiguration": {"type": "object", "properties": {"level": {"$ref": "#/$defs/level"}}},
-                            }}}}}}},
-                "results": {"type": "array", "items": {
-                    "type": "object", "required": ["message"], "properties": {
-                        "ruleId": {"type": "string"}, "ruleIndex": {"type": "integer", "minimum": -1},
-                        "level": {"$ref": "#/$defs/level"}, "message": {"$ref": "#/$defs/message"},
-                        "locations": {"type": "array", "items": {"type": "object", "properties": {"physicalLocation": {
-                            "type": "object", "anyOf": [{"required": ["address"]}, {"required": ["artifactLocation"]}],
-                            "properties": {
-                                "artifactLocation": {"type": "object", "properties": {"uri": {"type": "string", "format": "uri-reference"}}},
-                                "region": {"type": "object", "properties": {"startLine": {"type": "integer", "minimum": 1},
-                                                                           "startColumn": {"type": "integer", "minimum": 1}}},
-                            }}}}},
-                    }}},
-            }}},
-    },
-    "$defs": {"level": {"enum": ["none", "note", "warning", "error"]},
-              "message": {"type": "object", "anyOf": [{"required": ["text"]}, {"required": ["id"]}]}},
+REF = {name: {"$ref": f"#/$defs/{name}"} for name in ("level", "message", "rule", "result", "location")}
+SARIF = _obj(["version", "runs"], version={"const": "2.1.0"}, runs={"type": "array", "items": _obj(
+    ["tool"],
+    tool=_obj(["driver"], driver=_obj(["name"], name={"type": "string"}, version={"type": "string"},
+                                      rules={"type": "array", "uniqueItems": True, "items": REF["rule"]})),
+    results={"type": "array", "items": REF["result"]})})
+SARIF["$defs"] = {
+    "level": {"enum": ["none", "note", "warning", "error"]},
+    "message": {"type": "object", "anyOf": [{"required": ["text"]}, {"required": ["id"]}]},
+    "rule": _obj(["id"], id={"type": "string"}, shortDescription=REF["message"],
+                 defaultConfiguration=_obj([], level=REF["level"])),
+    "result": _obj(["message"], ruleId={"type": "string"}, ruleIndex={"type": "integer", "minimum": -1},
+                   level=REF["level"], message=REF["message"],
+                   locations={"type": "array", "items": _obj([], physicalLocation=REF["location"])}),
+    "location": {"type": "object", "anyOf": [{"required": ["address"]}, {"required": ["artifactLocation"]}],
+                 "properties": {"artifactLocation": _obj([], uri={"type": "string", "format": "uri-reference"}),
+                                "region": _obj([], startLine={"type": "integer", "minimum": 1},
+                                               startColumn={"type": "integer", "minimum": 1})}},
 }
 
 

@@ -39,7 +39,8 @@ def test_every_exception_derives_from_pcc_error():
 
 def test_one_definition_of_each_engine_error():
     """VerifyError and EngineMissing are one class whichever engine's check raised them."""
-    from pcc.lower import engine_errors, side_folder, verify_fsdp, verify_megatron, verify_sglang, verify_verl, verify_vllm
+    from pcc.lower import (engine_errors, side_folder, verify_fsdp, verify_megatron, verify_sglang, verify_verl,
+                           verify_vllm)
 
     for m in (verify_fsdp, verify_megatron, verify_sglang, verify_verl, verify_vllm):
         assert m.VerifyError is engine_errors.VerifyError and m.EngineMissing is engine_errors.EngineMissing

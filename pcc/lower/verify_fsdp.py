@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - EngineMissing is part of this module's API
+from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - both part of this module's API
 from pcc.lower.side_folder import folder, run_child
 
 DIR_ENV = "PCC_FSDP_DIR"  # folder holding torchao/ and peft/ (pip --target); default below
