@@ -8,6 +8,8 @@ Conventions, the same on every verb:
   by one function (`Report.contract_file`) before the verb runs.
 * `--json` prints exactly one JSON document on stdout, success or failure, the envelope
   `{"command", "ok", "exit_code", "diagnostics", "result"}`; human text then goes to stderr.
+  `--output-format text|json|github|sarif` generalizes it (json is `--json`; github and sarif print
+  the diagnostics as GitHub workflow commands or one SARIF 2.1.0 log, pcc.lang.reporting).
 * Exit codes: 0 ok, 1 errors found (or changes found: `diff`, `fmt --check`), 2 usage or an
   input that cannot be read, 3 internal error (a bug in pcc: one line, never a traceback),
   130 interrupted.
@@ -26,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from pcc.lang.diagnostics import PccError
 from pcc.lang.outputs import write_atomic
 
 EXIT_OK = 0
@@ -35,10 +38,12 @@ EXIT_INTERNAL = 3  # a bug in pcc
 EXIT_INTERRUPTED = 130
 
 ENVELOPE_KEYS = ("command", "ok", "exit_code", "diagnostics", "result")
+OUTPUT_FORMATS = ("text", "json", "github", "sarif")
 
 
-class UsageError(Exception):
-    """Exit 2: the command line is wrong, or an input it names cannot be read."""
+class UsageError(PccError):
+    """Exit 2: the command line is wrong, or an input it names cannot be read (code null: not about a
+    contract). Caught before PccError wherever both are."""
 
     def __init__(self, message: str, file: str | None = None):
         super().__init__(message)
@@ -48,14 +53,20 @@ class UsageError(Exception):
 class Report:
     """What one verb reports: diagnostics (always as objects) and its result.
 
-    Without --json the human form goes out as it happens (diagnostics rendered on stderr);
-    with --json nothing human reaches stdout and the frame prints :meth:`envelope`.
+    In the text format the human form goes out as it happens (diagnostics rendered on stderr); in a
+    machine format (json, github, sarif: `json` is true) nothing human reaches stdout and the frame
+    prints :meth:`envelope`, or the diagnostics as workflow commands or SARIF.
     """
 
-    def __init__(self, command: str, as_json: bool):
-        self.command, self.json = command, as_json
+    def __init__(self, command: str, output_format: str = "text"):
+        self.command, self.format = command, output_format
         self.diagnostics: list[dict] = []
         self.result = None
+
+    @property
+    def json(self) -> bool:
+        """stdout carries one machine document (the verbs print nothing human there)."""
+        return self.format != "text"
 
     # -- diagnostics
     def diagnostic(self, d, sources: dict[str, str] | None = None, echo: bool = True) -> None:
@@ -119,7 +130,6 @@ class Report:
 # -- the verbs that only read contracts ---------------------------------------------------------
 
 def cmd_check(args, rep: Report) -> int:
-    from pcc.lang.diagnostics import PccError
     from pcc.lower import compile_file
 
     results, worst = [], EXIT_OK
@@ -307,7 +317,7 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgparseError(self, message)
 
 
-class _ArgparseError(Exception):
+class _ArgparseError(PccError):
     def __init__(self, parser: argparse.ArgumentParser, message: str):
         super().__init__(message)
         self.parser = parser
@@ -387,7 +397,55 @@ def parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     _wire_run_targets()
+    _add_output_format(p)
     return p
+
+
+def _add_output_format(p: argparse.ArgumentParser) -> None:
+    """`--output-format` on every verb, beside its `--json` (which it generalizes), nested verbs too."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                _add_output_format(sp)
+    if "--json" in p._option_string_actions and "--output-format" not in p._option_string_actions:
+        p.add_argument("--output-format", choices=OUTPUT_FORMATS, help="text (default); json, the envelope "
+                       "(= --json); github, workflow commands; sarif, one SARIF 2.1.0 log (docs/cli.md)")
+
+
+def _format_of(argv: list[str]) -> str:
+    """The output format a command line asks for, read before argparse (which may refuse the line)."""
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    fmt = "json" if "--json" in head else "text"
+    for i, a in enumerate(head):
+        value = a.partition("=")[2] if a.startswith("--output-format=") else (
+            head[i + 1] if a == "--output-format" and i + 1 < len(head) else None)
+        if value in OUTPUT_FORMATS:
+            fmt = value
+    return fmt
+
+
+def _output_format(args, p: argparse.ArgumentParser) -> str:
+    """--output-format, or json for --json (or diff's --format json); two different formats are a usage error."""
+    fmt = getattr(args, "output_format", None)
+    if getattr(args, "json", False):
+        if fmt not in (None, "json"):
+            raise _ArgparseError(p, f"--json is --output-format json; it cannot go with --output-format {fmt}")
+        return "json"
+    return fmt or "text"
+
+
+def _machine_output(rep: Report, exit_code: int) -> str:
+    """What stdout carries in a machine format: the envelope, the workflow commands, or the SARIF log."""
+    if rep.format == "github":
+        from pcc.lang.reporting import github
+
+        return github(rep.diagnostics)
+    if rep.format == "sarif":
+        from pcc import __version__
+        from pcc.lang.reporting import sarif
+
+        return json.dumps(sarif(rep.diagnostics, __version__), indent=1) + "\n"
+    return json.dumps(rep.envelope(exit_code), indent=1, default=str) + "\n"
 
 
 def _command_of(argv: list[str]) -> str:
@@ -431,21 +489,20 @@ def _run(args, rep: Report) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pcc.lang.diagnostics import PccError
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
-    rep = Report(_command_of(argv), as_json)
+    rep = Report(_command_of(argv), _format_of(argv))
     try:
         try:
-            args = parser().parse_args(argv)
+            p = parser()
+            args = p.parse_args(argv)
+            fmt = _output_format(args, p)
         except _ArgparseError as exc:
             exc.parser.print_usage(sys.stderr)
             print(f"{exc.parser.prog}: error: {exc}", file=sys.stderr)
             rep.diagnostics.append({"code": None, "severity": "error", "message": str(exc)})
             code = EXIT_USAGE
         else:
-            rep.command, rep.json = args.command, bool(getattr(args, "json", False))
+            rep.command, rep.format = args.command, fmt
             _allow_roots(args.allow_root)
             with _stdout_to_stderr() if rep.json else contextlib.nullcontext():
                 try:
@@ -468,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_INTERNAL
     if rep.json:
         try:
-            print(json.dumps(rep.envelope(code), indent=1, default=str), flush=True)
+            sys.stdout.write(_machine_output(rep, code))
+            sys.stdout.flush()
         except BrokenPipeError:
             return _reader_left()
     return code

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pcc.lang.codes import CODES
 from pcc.lower import compile_file  # resolve, check and lower for every target: what `pcc check` runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,9 +76,11 @@ def _expectation(path: Path) -> tuple[str, str | None, int | None, int | None]:
 
 
 def _codes_in_source() -> set[str]:
+    """Every code pcc's source names as a string, outside the table itself."""
     codes = set()
     for py in (ROOT / "pcc").rglob("*.py"):
-        codes.update(re.findall(r"[\"'](PCC\d{3})[\"']", py.read_text(encoding="utf-8")))
+        if py != ROOT / "pcc" / "lang" / "codes.py":
+            codes.update(re.findall(r"[\"'](PCC\d{3})[\"']", py.read_text(encoding="utf-8")))
     return codes
 
 
@@ -102,9 +105,18 @@ def test_fixture_reports_its_code(path: Path) -> None:
         assert compiled.ok, f"{path.name}: a warning-only fixture must still compile"
 
 
+def test_the_code_table_is_what_the_source_raises() -> None:
+    """pcc/lang/codes.py lists exactly the codes pcc reports: none missing, none retired."""
+    used = _codes_in_source()
+    assert len(used) >= 30, used  # the grep itself works
+    assert not used - set(CODES), f"codes missing from pcc/lang/codes.py: {sorted(used - set(CODES))}"
+    assert not set(CODES) - used, f"codes in pcc/lang/codes.py that pcc no longer reports: {sorted(set(CODES) - used)}"
+    assert {c.severity for c in CODES.values()} <= {"error", "warning"}
+    assert all(c.title and c.title == c.title.strip() for c in CODES.values())
+
+
 def test_every_code_has_a_fixture_and_a_doc_section() -> None:
-    codes = _codes_in_source()
-    assert len(codes) >= 30, codes  # the grep itself works
+    codes = set(CODES)
     fixtures = {p.name[:6] for p in _fixtures()}
     missing = sorted(codes - fixtures - set(NO_FIXTURE))
     assert not missing, f"codes without a fixture in tests/check_fixtures/: {missing}"
@@ -114,6 +126,9 @@ def test_every_code_has_a_fixture_and_a_doc_section() -> None:
     sections = set(re.findall(r"^## (PCC\d{3}): \S", doc, flags=re.M))
     undocumented = sorted(codes - sections)
     assert not undocumented, f"codes without a '## PCCnnn: title' section in docs/checks.md: {undocumented}"
+    titles = dict(re.findall(r"^## (PCC\d{3}): (.*?)\s*$", doc, flags=re.M))
+    differ = [c for c in codes if CODES[c].title != titles[c]]
+    assert not differ, f"titles that differ between pcc/lang/codes.py and docs/checks.md: {sorted(differ)}"
 
 
 def test_pcc100_internal_parser_failure(monkeypatch, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,7 @@ def test_every_verb_has_json():
                           "import"}
     for name, sp in verbs.items():
         assert "--json" in sp._option_string_actions, name
+        assert sp._option_string_actions["--output-format"].choices == ("text", "json", "github", "sarif"), name
 
 
 @pytest.mark.parametrize("argv", [
@@ -89,7 +91,7 @@ def test_out_is_one_flag_with_its_old_spellings(argv):
     shown = _subparsers(parser())[verb].format_help()
     assert "-o" in shown and "--out" in shown
     for alias in old:
-        assert alias not in shown, f"{verb}: the alias {alias} is hidden"
+        assert not re.search(rf"{alias}(?![\w-])", shown), f"{verb}: the alias {alias} is hidden"  # not --output-format
 
 
 @pytest.mark.parametrize("verb", ["convert", "verify-checkpoint"])
@@ -266,3 +268,86 @@ def test_the_runtime_does_not_import_the_bundle_stage():
     names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [n for n in names if n.startswith("pcc.bundle")]
     assert "miles" in parser().parse_args(["run", "x", "--target", "miles"]).target
+
+
+# -- --output-format ------------------------------------------------------------------------------
+
+def _obj(required: list[str], **properties) -> dict:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+# The parts of the SARIF 2.1.0 schema (docs.oasis-open.org/sarif/sarif/v2.1.0, sarif-schema-2.1.0.json)
+# a pcc log uses: each object's required properties, the level enum, 1-based regions. No copy of the
+# schema itself is installable here (sarif-om and jschema-to-python ship none).
+REF = {name: {"$ref": f"#/$defs/{name}"} for name in ("level", "message", "rule", "result", "location")}
+SARIF = _obj(["version", "runs"], version={"const": "2.1.0"}, runs={"type": "array", "items": _obj(
+    ["tool"],
+    tool=_obj(["driver"], driver=_obj(["name"], name={"type": "string"}, version={"type": "string"},
+                                      rules={"type": "array", "uniqueItems": True, "items": REF["rule"]})),
+    results={"type": "array", "items": REF["result"]})})
+SARIF["$defs"] = {
+    "level": {"enum": ["none", "note", "warning", "error"]},
+    "message": {"type": "object", "anyOf": [{"required": ["text"]}, {"required": ["id"]}]},
+    "rule": _obj(["id"], id={"type": "string"}, shortDescription=REF["message"],
+                 defaultConfiguration=_obj([], level=REF["level"])),
+    "result": _obj(["message"], ruleId={"type": "string"}, ruleIndex={"type": "integer", "minimum": -1},
+                   level=REF["level"], message=REF["message"],
+                   locations={"type": "array", "items": _obj([], physicalLocation=REF["location"])}),
+    "location": {"type": "object", "anyOf": [{"required": ["address"]}, {"required": ["artifactLocation"]}],
+                 "properties": {"artifactLocation": _obj([], uri={"type": "string", "format": "uri-reference"}),
+                                "region": _obj([], startLine={"type": "integer", "minimum": 1},
+                                               startColumn={"type": "integer", "minimum": 1})}},
+}
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "github", "sarif"])
+def test_output_formats_on_a_bad_contract(fmt, files, capsys):
+    """Each format reports the same PCC201 at bad.prec:6:5, with the same exit code."""
+    bad = str(files / "bad.prec")
+    assert main(["check", bad, "--output-format", fmt]) == 1
+    out, err = capsys.readouterr()
+    if fmt == "text":
+        assert "bad.prec:6:5: error[PCC201]" in err and "PCC201" not in out
+    elif fmt == "json":
+        d = json.loads(out)["diagnostics"][0]
+        assert (d["code"], d["file"], d["line"], d["col"]) == ("PCC201", bad, 6, 5)
+    elif fmt == "github":
+        lines = out.splitlines()
+        assert lines and all(line.startswith(("::error ", "::warning ")) for line in lines), out
+        assert lines[0].startswith(f"::error file={bad},line=6,col=5,title=PCC201::pattern 'expert.*' matches no")
+        assert "%0A= hint: did you mean" in lines[0] and not err.strip().startswith(bad)
+    else:
+        import jsonschema
+
+        log = json.loads(out)
+        jsonschema.validate(log, SARIF, format_checker=jsonschema.FormatChecker())
+        run = log["runs"][0]
+        assert run["tool"]["driver"]["name"] == "pcc"
+        assert [r["id"] for r in run["tool"]["driver"]["rules"]] == ["PCC201"]
+        assert run["tool"]["driver"]["rules"][0]["shortDescription"]["text"] == "pattern matches nothing"
+        result = run["results"][0]
+        assert (result["ruleId"], result["ruleIndex"], result["level"]) == ("PCC201", 0, "error")
+        location = result["locations"][0]["physicalLocation"]
+        assert location["artifactLocation"]["uri"] == Path(bad).as_uri()
+        assert location["region"] == {"startLine": 6, "startColumn": 5}
+
+
+def test_json_is_output_format_json(files, capsys):
+    bad = str(files / "bad.prec")
+    assert main(["check", bad, "--json"]) == 1
+    alias = capsys.readouterr().out
+    assert main(["check", bad, "--output-format=json"]) == 1
+    assert capsys.readouterr().out == alias
+    assert main(["check", bad, "--json", "--output-format", "sarif"]) == 2  # two formats: a usage error
+    log = json.loads(capsys.readouterr().out)  # in the format the line asked for last
+    assert "--json is --output-format json" in log["runs"][0]["results"][0]["message"]["text"]
+
+
+def test_github_and_sarif_carry_errors_without_a_position(files, capsys):
+    """A usage error (no code, no line) is still one annotation and one result, without a ruleId."""
+    assert main(["check", str(files / "empty"), "--output-format", "github"]) == 2
+    line = capsys.readouterr().out
+    assert line.startswith(f"::error file={files / 'empty'},title=pcc::") and line.count("\n") == 1
+    assert main(["check", str(files / "empty"), "--output-format", "sarif"]) == 2
+    result = json.loads(capsys.readouterr().out)["runs"][0]["results"][0]
+    assert "ruleId" not in result and result["level"] == "error"

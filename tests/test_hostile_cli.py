@@ -146,3 +146,32 @@ def test_a_config_that_is_a_device_or_not_an_object_is_one_error(tmp_path):
         (tmp_path / "config.json").write_text(text)
         with pytest.raises(ConvertError, match=why):
             config_of(tmp_path)
+
+
+def test_json_inputs_go_through_the_bounded_reader(tmp_path, capsys):
+    """Every JSON file pcc reads from a user (an import source, a checkpoint's hf_quant_config.json,
+    trainer/fsdp.json, a bundle's plan.json) is refused as one coded error: never a traceback, a hang or
+    a last-wins duplicate key."""
+    from pcc.diff.load import _stale
+    from pcc.importer import ImportFailed, read_json
+    from pcc.lang.inputs import InputError
+    from pcc.lower.fsdp_apply import load
+    from pcc.models.quantized import QuantizedError, quantization_config
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"quantization_config": {}, "quantization_config": {"quant_method": "fp8"}}')
+    assert main(["import", "checkpoint", str(cfg), "--model", "tiny_moe", "--json"]) == 1
+    errors = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert errors[0]["code"] == "PCC801" and "duplicate key" in errors[0]["message"], errors
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ImportFailed, match="a FIFO") as err:
+        read_json(fifo, "runtime-env.json")  # what a Miles launch's --runtime-env-json names
+    assert err.value.code == "PCC109"
+    (tmp_path / "hf_quant_config.json").write_text('{"quantization": {"a": NaN}}')
+    with pytest.raises(QuantizedError, match="finite values only"):
+        quantization_config(tmp_path, {})
+    with pytest.raises(InputError, match="a FIFO"):
+        load(fifo)
+    (tmp_path / "plan.json").write_text('{"lock": 1, "lock": 2}')
+    assert "duplicate key 'lock'" in _stale(tmp_path / "plan.json", None)[0]

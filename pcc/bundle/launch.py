@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from pcc.lang.diagnostics import PccError
+from pcc.lang.inputs import read_json
 from pcc.lower import JOB_FILE, PATH_VARIABLES
 from pcc.lower.miles import JOB_VARIABLE, MODEL_ARGS
 
@@ -187,7 +188,7 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     env = dict(os.environ)
     job, job_args = _job(source, env, JOB_VARIABLE, words)
     launch = bundle / "miles" / "launch.sh"
-    runtime_env = json.loads((bundle / "miles" / "runtime-env.json").read_text())["env_vars"]
+    runtime_env = read_json(bundle / "miles" / "runtime-env.json", what="runtime environment")["env_vars"]
     script, *own = [str(bundle / a) if (bundle / a).is_file() else a
                     for a in (bundle / "miles" / "args.txt").read_text().split("\n")[:-1]]
     model = words((bundle / MODEL_ARGS).read_text())
@@ -233,12 +234,10 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
     (verl/overrides.txt), the job file's and `extra` after them (the job's data, model path, batch sizes:
     later overrides win), as verl/launch.sh runs it; the environment travels inside the overrides, to
     Ray's runtime_env."""
-    import json
-
     from pcc.lower.verl import JOB_VARIABLE as VERL_JOB_VARIABLE, LAUNCH, OVERRIDES_FILE, contract_field, tables
 
     tab = tables()
-    config = tab["config_name"][json.loads((bundle / "plan.json").read_text())["trainer"]["engine"]]
+    config = tab["config_name"][read_json(bundle / "plan.json", what="plan")["trainer"]["engine"]]
     own = (bundle / OVERRIDES_FILE).read_text().splitlines()
     env_prefix = tab["env_key"] + "."
     runtime_env = {k: v.strip("'") for k, _, v in

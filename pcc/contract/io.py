@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from pcc.contract.model import Contract
 from pcc.lang.build import SourceMap, build
-from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter, Span, did_you_mean
+from pcc.lang.diagnostics import Diagnostic, DiagnosticError, PccError, Reporter, Span, did_you_mean
 from pcc.lang.inputs import DuplicateKey, loads_json
 from pcc.lang.parser import read_source
 
@@ -41,12 +41,12 @@ MAX_YAML_NODES = 100_000  # nodes after alias expansion: a contract has hundreds
 ROOTS_ENV = "PCC_CONTRACT_ROOTS"  # more folders `extends` may reach, os.pathsep-separated
 
 
-class _Refused(Exception):
+class _Refused(PccError):
     """A YAML document the strict loader refuses: (code, message, mark)."""
 
     def __init__(self, code: str, message: str, mark):
-        super().__init__(message)
-        self.code, self.message, self.mark = code, message, mark
+        super().__init__(message, code)
+        self.mark = mark
 
 
 class _StrictLoader(yaml.SafeLoader):

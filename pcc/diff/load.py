@@ -3,7 +3,6 @@ bundle directory (its contract.prec), optionally against one model for both side
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pcc.bundle import BundleError, contract_file
@@ -11,6 +10,7 @@ from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_n
 from pcc.lower import compile_file
 from pcc.plan import Compiled
 from pcc.lang.diagnostics import PccError
+from pcc.lang.inputs import InputError, read_json
 
 BUNDLE_PLAN = "plan.json"
 
@@ -55,9 +55,11 @@ def _stale(plan_file: Path, c: Compiled) -> list[str]:
     if not plan_file.is_file():
         return [f"{plan_file}: missing; the bundle is incomplete"]
     try:
-        lock = json.loads(plan_file.read_text(encoding="utf-8")).get("lock")
-    except (OSError, ValueError, AttributeError) as exc:
-        return [f"{plan_file}: unreadable ({exc})"]
+        lock = read_json(plan_file, what="plan").get("lock")
+    except InputError as exc:
+        return [exc.message]
+    except AttributeError:
+        return [f"{plan_file}: not a JSON object"]
     now = lock_hash(plan_dict(c.plan))
     return [] if lock == now else [f"{plan_file}: lock {lock} but its contract resolves to {now}: "
                                    "the bundle is stale; the diff uses the contract"]

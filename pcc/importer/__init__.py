@@ -15,11 +15,12 @@ states differently, or cannot state, is a coded warning. docs/import.md.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pcc.lang import inputs
 from pcc.lang.diagnostics import Diagnostic, PccError, Span
 
 KINDS = ("checkpoint", "miles", "verl", "te")
@@ -73,12 +74,14 @@ def contract_name(source: str) -> str:
 
 
 def read_json(path: Path, what: str) -> dict:
+    """A JSON object from regular file `path`, through pcc.lang.inputs (bounded; a duplicate key or NaN is
+    refused); ImportFailed naming the file otherwise, PCC109 where it is no regular file (as read_text)."""
+    if not os.path.lexists(path):
+        raise ImportFailed(f"{path}: no such file ({what})", file=str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ImportFailed(f"{path}: no such file ({what})", file=str(path)) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ImportFailed(f"{path}: unreadable {what} ({exc})", file=str(path)) from None
+        data = inputs.read_json(path, what=what)
+    except inputs.InputError as exc:
+        raise ImportFailed(exc.message, code=exc.code if exc.reason == "kind" else None, file=str(path)) from None
     if not isinstance(data, dict):
         raise ImportFailed(f"{path}: {what} is not a JSON object", file=str(path))
     return data

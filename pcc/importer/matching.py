@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from pcc.lang.diagnostics import PccError
 from pcc.models import Catalog, Operator
 
 # SGLang fused module -> its checkpoint shards (utils.py _FALLBACK_FUSED_SHARDS, and the
@@ -72,7 +73,7 @@ def module_path_match(ignored: str, prefix: str) -> bool:
     return ignored == prefix or prefix.startswith(ignored + ".") or f".{ignored}." in f".{prefix}."
 
 
-class FusedDisagreement(ValueError):
+class FusedDisagreement(PccError, ValueError):
     """Some shards of a fused module are listed and others not: SGLang refuses to load it."""
 
 

@@ -503,7 +503,7 @@ def _check_keys(imp: Imported, v: _View, config: str) -> None:
     megatron-core's TransformerConfig; then keys that carry precision and that the import did not
     read (PCC807, when they differ from verl's default)."""
     from pcc.importer.verl_config import transformer_fields, verl_trees
-    from pcc.lower.verify_verl import EngineMissing
+    from pcc.lower.engine_errors import EngineMissing
 
     try:
         trees = verl_trees()

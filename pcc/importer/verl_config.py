@@ -24,7 +24,7 @@ from pcc.importer.verl_source import CONFIGS
 @functools.lru_cache(maxsize=1)
 def verl_trees() -> dict:
     """{"version", "configs": {name: composed tree, interpolations unresolved}} or raises
-    pcc.lower.verify_verl.EngineMissing."""
+    pcc.lower.engine_errors.EngineMissing."""
     return _ask({"op": "trees"})
 
 
@@ -57,7 +57,8 @@ def hydra_parse(overrides: list[str]) -> list[dict]:
 
 
 def _ask(request: dict) -> dict:
-    from pcc.lower.verify_verl import EngineMissing, engine_dir
+    from pcc.lower.engine_errors import EngineMissing
+    from pcc.lower.verify_verl import engine_dir
 
     where = engine_dir()
     if not (where / "verl" / "__init__.py").is_file():

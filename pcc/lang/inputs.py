@@ -70,7 +70,7 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-class DuplicateKey(ValueError):
+class DuplicateKey(PccError, ValueError):
     """A JSON object names one key twice: which value was meant is unknown, so neither is taken."""
 
 

@@ -13,12 +13,12 @@ a meta-device model. torch, torchao and PEFT are imported when `apply` is called
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pcc.lang.diagnostics import PccError
+from pcc.lang.inputs import read_json
 
 SHOWN = 5  # module names a mismatch lists
 
@@ -42,8 +42,8 @@ class Applied:
 
 
 def load(path: str | Path) -> dict:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    """trainer/fsdp.json, through pcc's bounded reader (InputError, PCC109, naming the file)."""
+    return read_json(path, what="trainer/fsdp.json")
 
 
 def _named(doc: dict) -> list[str]:

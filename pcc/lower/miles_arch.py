@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from pcc.lang.diagnostics import PccError
 from pcc.models.base import lm_config
 from pcc.resources import data_dir
 
@@ -35,7 +36,7 @@ SIGMOID_BIAS_TYPES = frozenset({"glm4_moe"})
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-class ArchGap(ValueError):
+class ArchGap(PccError, ValueError):
     """The config says something the mapped Megatron flags cannot carry."""
 
 

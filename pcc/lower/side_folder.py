@@ -15,11 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pcc.lower.engine_errors import EngineMissing
+
 TIMEOUT_S = 600
-
-
-class EngineMissing(ImportError):
-    """The engine's side folder is not installed here, or its checks could not run."""
 
 
 def folder(env_var: str, name: str) -> Path:

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from pcc.lower.side_folder import EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
+from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - both part of this module's API
+from pcc.lower.side_folder import folder, run_child
 
 DIR_ENV = "PCC_FSDP_DIR"  # folder holding torchao/ and peft/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/fsdp.txt)"
@@ -27,10 +28,6 @@ EXPECTED = {"wide": ("Linear", None), "float8": ("Float8Linear", None),
             "mxfp8": ("Linear", "MXFP8TrainingWeightWrapperTensor"), "int4_qat": ("FakeQuantizedLinear", None)}
 LORA_CLASS = "peft.tuners.lora.layer.Linear"
 FP8_GATHER_WEIGHT = "WeightWithDynamicFloat8CastTensor"  # enable_fsdp_float8_all_gather's weight wrapper
-
-
-class VerifyError(ValueError):
-    """torchao, torch or PEFT rejected the config (the message is theirs), or applied it elsewhere."""
 
 
 def engine_dir() -> Path:

@@ -23,19 +23,12 @@ import sys
 import types
 from pathlib import Path
 
+from pcc.lower.engine_errors import EngineMissing, VerifyError
 from pcc.lower.engine_support import targeted
 
 TE_VERSION = targeted("transformer_engine")  # targets/engines.yaml; requirements/megatron.txt installs it
 TE_DIR_ENV = "PCC_TE_DIR"  # folder holding transformer_engine/ (pip --target); default below
 HINT = "install with the lines in requirements/megatron.txt"
-
-
-class VerifyError(ValueError):
-    """The engine rejected the arguments (message says which check)."""
-
-
-class EngineMissing(ImportError):
-    """megatron-core or TE's recipe module is not installed here."""
 
 
 def te_dir() -> Path:

@@ -20,6 +20,9 @@ import functools
 import importlib
 import tempfile
 
+from pcc.lang.diagnostics import PccError
+from pcc.lower.engine_errors import EngineMissing, VerifyError
+
 HINT = "install with the lines in requirements/sglang.txt"
 # quant_method -> (module under sglang.srt.layers.quantization, class) SGLang builds from it.
 QUANT_CLASSES = {
@@ -31,15 +34,7 @@ QUANT_CLASSES = {
 }
 
 
-class VerifyError(ValueError):
-    """SGLang rejected the input (the message is SGLang's)."""
-
-
-class EngineMissing(ImportError):
-    """SGLang's parser is not installed here."""
-
-
-class CannotCheck(RuntimeError):
+class CannotCheck(PccError, RuntimeError):
     """SGLang has the check, but it cannot run on this machine (the message says why)."""
 
 

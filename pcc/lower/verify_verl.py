@@ -19,16 +19,13 @@ import os
 import sys
 from pathlib import Path
 
-from pcc.lower.side_folder import EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
+from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - both part of this module's API
+from pcc.lower.side_folder import folder, run_child
 
 DIR_ENV = "PCC_VERL_DIR"  # folder holding verl/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/verl.txt)"
 # What a job states beside pcc's overrides for verl's actor config to build (the user's part after `--`).
 JOB = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
-
-
-class VerifyError(ValueError):
-    """verl rejected the job (the message is verl's or Hydra's)."""
 
 
 def engine_dir() -> Path:

@@ -21,14 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pcc.lower.side_folder import TIMEOUT_S, EngineMissing, folder, run_child  # noqa: F401 - EngineMissing is part of this module's API
+from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - both part of this module's API
+from pcc.lower.side_folder import TIMEOUT_S, folder, run_child
 
 DIR_ENV = "PCC_VLLM_DIR"  # folder holding vllm/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/vllm.txt)"
-
-
-class VerifyError(ValueError):
-    """vLLM rejected the input (the message is vLLM's)."""
 
 
 def engine_dir() -> Path:

@@ -29,13 +29,13 @@ Errors are CatalogError PCC208, naming config.json or the tensor. docs/models.md
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pcc.lang.inputs import InputError, read_json
 from pcc.models.base import CatalogError, inside
 
 # Logical dtype of a weight stored by each kind (the catalog's `Operator.dtype`; pcc.plan.tensors maps them
@@ -103,9 +103,11 @@ def quantization_config(root: Path, config: dict) -> dict | None:
     path = root / "hf_quant_config.json"
     if path.exists() and inside(root, path.name).is_file():
         try:
-            q = json.loads(path.read_text(encoding="utf-8")).get("quantization")
-        except (OSError, ValueError, AttributeError) as err:
-            raise QuantizedError(f"{path}: unreadable ({err})") from None
+            q = read_json(path, what=path.name).get("quantization")
+        except InputError as err:
+            raise QuantizedError(err.message) from None
+        except AttributeError:
+            raise QuantizedError(f"{path}: not a JSON object") from None
         if isinstance(q, dict):
             return {"quant_method": "modelopt", **q}
     return None

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from pcc.lang.diagnostics import PccError
+
 from .quantize import Quantized
 
 
@@ -52,7 +54,7 @@ def scaled_gemm(qa: Quantized, qb: Quantized, out_dtype: torch.dtype = torch.flo
     return out.to(out_dtype)
 
 
-class ScaledMMUnsupported(RuntimeError):
+class ScaledMMUnsupported(PccError, RuntimeError):
     """The installed torch's `_scaled_mm` has no kernel for this scaling layout (say so, never emulate
     silently: the point of the CUDA path is to run the real low-precision GEMM)."""
 

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from pcc.lang.diagnostics import PccError, did_you_mean
 from pcc.models import FAMILIES
 
 LINEAR = ("attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "experts.gate_up", "experts.down",
@@ -68,12 +69,11 @@ class _From:
         return isinstance(layer, int) and layer >= self.first
 
 
-class PatternError(ValueError):
-    """A pattern that is malformed or names nothing known; the message has the hint."""
+class PatternError(PccError, ValueError):
+    """A pattern that is malformed or names nothing known; resolution reports it at the rule, with the hint."""
 
     def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.hint = hint
+        super().__init__(message, hint=hint)
 
 
 @lru_cache(maxsize=4096)
@@ -109,7 +109,6 @@ def parse_pattern(text: str) -> Pattern:
     if any(ch in head for ch in "*?["):
         fams = tuple(f for f in FAMILIES if f not in NAMED_ONLY and fnmatch.fnmatchcase(f, head))
         if not fams:
-            from pcc.lang.diagnostics import did_you_mean
 
             globs = sorted({f.split(".")[0] + ".*" for f in FAMILIES if "." in f})
             raise PatternError(f"pattern '{head}' matches no operator family",
@@ -117,7 +116,6 @@ def parse_pattern(text: str) -> Pattern:
         return Pattern(text, fams, None, layers)
     if head in FAMILIES:
         return Pattern(text, (head,), None, layers)
-    from pcc.lang.diagnostics import did_you_mean
 
     raise PatternError(f"unknown operator family '{head}'",
                        did_you_mean(head, VOCABULARY) or "families: " + ", ".join(VOCABULARY))

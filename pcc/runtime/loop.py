@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as load_bytes
 
+from pcc.lang.diagnostics import PccError
 from pcc.lang.inputs import InputError, read_bytes, read_json
 
 from . import diagnostics as D
@@ -37,7 +38,7 @@ MAX_METRICS = 4 << 30  # metrics.jsonl read back on --resume: ~2 KB a step
 PHASES = ("activate", "rollout", "rescore", "train", "convert", "transfer", "checkpoint")
 
 
-class InjectedCrash(RuntimeError):
+class InjectedCrash(PccError, RuntimeError):
     """A crash the run was asked to simulate (fault injection)."""
 
 

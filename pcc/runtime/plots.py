@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pcc.lang.diagnostics import PccError
 from pcc.lang.outputs import atomic_path
 
 CURVES = (
@@ -16,8 +17,8 @@ CURVES = (
 )
 
 
-class PlotError(RuntimeError):
-    pass
+class PlotError(PccError, RuntimeError):
+    """Plots were asked for and matplotlib is missing (the message says how to get it)."""
 
 
 def require():

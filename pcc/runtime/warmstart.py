@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pcc.lang.diagnostics import PccError
+
 from . import checkpoint as _checkpoint
 from . import model as _model
 from . import task as _task
@@ -64,7 +66,7 @@ HELD_OUT_SEED = 314159  # the held-out prompts: one fixed set, whatever the run'
 _CODE = (sys.modules[__name__], _model, _task, _checkpoint)
 
 
-class WarmStartError(RuntimeError):
+class WarmStartError(PccError, RuntimeError):
     """No seed stream reached the recipe's target."""
 
 

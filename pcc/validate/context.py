@@ -8,12 +8,12 @@ wrote from exactly those weights (level 2 checks that checkpoint).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from pcc.lang.inputs import read_json
 from pcc.runtime.model import Arch
 from pcc.runtime.sync import convert_adapter, manifest
 from pcc.runtime.task import ReverseTask
@@ -158,7 +158,7 @@ class Context:
 
     def read_json(self, name: str):
         path = self.out / name
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        return read_json(path, what=name) if path.is_file() else None
 
 
 def calibrate_checkpoint(plan, weights: dict[str, torch.Tensor], directory: Path) -> dict:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import torch
 
+from pcc.lang.diagnostics import PccError
+
 FAULTS = {
     "scale_layout": (2, "the converter writes one operator's block scales in a per-row (or transposed) layout"),
     "accumulation": (3, "the rollout's low-precision GEMM accumulates in BF16 instead of promoting to FP32"),
@@ -19,8 +21,8 @@ FAULTS = {
 }
 
 
-class FaultError(ValueError):
-    pass
+class FaultError(PccError, ValueError):
+    """`--inject-fault` names a fault the ladder does not know."""
 
 
 def check(names) -> tuple[str, ...]:
