@@ -23,6 +23,7 @@ from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
 from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
 from pcc.importer.yamlsource import load, read_text
+from pcc.lower.engine_table import table
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
 
@@ -74,7 +75,9 @@ def _substitute(tokens: list[str]) -> list[str]:
 
 
 def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
-    """(entry script, flag -> values of its last occurrence, `export` assignments)."""
+    """(entry script, flag -> values of its last occurrence, `export` assignments). Flags are keyed by
+    their canonical name in Miles' engine table (`--sglang-expert-parallel-size` is `--sglang-ep-size`)."""
+    canonical = table("miles").canonical
     script, flags, exports = None, {}, []
     tokens = _substitute(tokens)
     k = 0
@@ -95,7 +98,7 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
                 values.append(tokens[j])
                 j += 1
             if name not in _RAY:
-                flags[name] = values
+                flags[canonical(name)] = values
             elif name == "--runtime-env-json" and values:
                 exports.append("--runtime-env-json=" + values[0])
             k = j
@@ -169,7 +172,8 @@ class Launch(Flags):
             except (OSError, UnicodeDecodeError) as exc:
                 raise ImportFailed(f"{source}: unreadable ({exc})", file=source) from None
             tokens = _tokens(text, source)
-        self.script, self.flags, exports = parse_args(tokens)
+        self.script, given, exports = parse_args(tokens)
+        self.flags = table("miles").effective(given)  # what Miles sets itself (targets/miles.yaml applies)
         for e in exports:
             key, _, value = e.partition("=")
             if key == "--runtime-env-json":

@@ -21,6 +21,7 @@ from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower_each
 from pcc.lower.settings import Setting, flag
 from pcc.lower.checkpoint_config import rollout_layout
 from pcc.lower.engine_support import check, miles_hardware_modes, targeted
+from pcc.lower.engine_table import table
 from pcc.lower.miles_arch import architecture, tables
 from pcc.plan import Plan
 from pcc.plan.capabilities import hardware_table
@@ -201,6 +202,25 @@ def _rule_asking(plan: Plan, side: str) -> str:
                  and any(ops[i].family != "kv_cache" for i in idx)), side)
 
 
+def _applied_by_miles(plan: Plan, settings: list[Setting]) -> list[Unsupported]:
+    """PCC612 for each setting Miles applies itself after parsing (targets/miles.yaml `applies`, read through
+    Miles' engine table) that differs from what the records of a field the contract writes ask for (a
+    default the author left alone is not asked for)."""
+    miles = table("miles")
+    given = {s.key: list(s.words()) for s in settings if s.kind == "flag"}
+    out = []
+    for rule in miles.applies:
+        runs, asked = miles.implied(given)[rule["set"]], given.get(rule["set"])
+        if (runs is None) != (asked is None) and rule["field"] in plan.smap:
+            state = "on" if runs is not None else "off"
+            out.append(Unsupported(
+                f"Miles turns {rule['set']} {state} itself whatever the launch says ({rule['source']}), so the "
+                f"contract's {rule['field']} is not what Miles runs", "PCC612", rule["field"],
+                f"write the {rule['field']} Miles runs ({rule['set']} {state}), or run the contract on the embedded "
+                "runtime"))
+    return out
+
+
 def _hardware_support(plan: Plan, mega: Lowered) -> list[Unsupported]:
     """PCC615 warnings for low-precision modes the targeted Miles does not run on the contract's GPUs
     (targets/engines.yaml miles_hardware: engine support, not what the GPU can do)."""
@@ -314,6 +334,7 @@ exec ray job submit --address "${{RAY_ADDRESS:-http://127.0.0.1:8265}}" \\
             "empty and `pcc compile --verify` checks the trainer flags with stand-in dimensions", "PCC613", "model",
             "give the architecture in the Miles job file (docs/miles.md)"))
     caveats += _hardware_support(plan, mega)
+    caveats += _applied_by_miles(plan, settings)
     notes.append("engine versions targeted (targets/engines.yaml): " + "; ".join(
         f"{e} {targeted(e)}" for e in ("miles", "megatron", "transformer_engine", "sglang")))
     out.files, out.notes, out.caveats = files, mega.notes + roll.notes + notes, caveats

@@ -116,7 +116,8 @@ def test_unified_fp8_on_verl(verl_checked):
                                       "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1,
                                       "use_distributed_optimizer": True}
     assert got["env"]["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
-    assert verl_checked["jobs"]["verl/tiny_cpu.prec"]["actor"]["engine"]["use_distributed_optimizer"] is False
+    assert verl_checked["jobs"]["verl/tiny_cpu.prec"]["actor"]["engine"]["use_distributed_optimizer"] is True
+    assert verl_checked["jobs"]["tis"]["actor"]["engine"]["use_distributed_optimizer"] is False  # not written: off
     assert verl_checked["jobs"]["vllm/bf16_baseline.prec"]["rollout"]["quantization"] is None
 
 

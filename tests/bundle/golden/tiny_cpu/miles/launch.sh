@@ -39,6 +39,7 @@ exec ray job submit --address "${RAY_ADDRESS:-http://127.0.0.1:8265}" \
   --fp8-format e4m3 \
   --fp8-recipe blockwise \
   --optimizer adam \
+  --use-distributed-optimizer \
   --main-params-dtype fp32 \
   --exp-avg-dtype fp32 \
   --exp-avg-sq-dtype fp32 \

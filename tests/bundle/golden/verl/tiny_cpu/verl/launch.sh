@@ -22,12 +22,12 @@ fi
 cmd=(python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
   '+actor_rollout_ref.actor.megatron.override_transformer_config.fp8='"'"'e4m3'"'"'' \
   '+actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe='"'"'blockwise'"'"'' \
+  actor_rollout_ref.actor.megatron.use_distributed_optimizer=true \
   '+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_dtype='"'"'fp32'"'"'' \
   actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 \
   actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
   actor_rollout_ref.actor.megatron.expert_model_parallel_size=1 \
   actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1 \
-  actor_rollout_ref.actor.megatron.use_distributed_optimizer=false \
   'actor_rollout_ref.rollout.name='"'"'vllm'"'"'' \
   actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
   actor_rollout_ref.rollout.data_parallel_size=1 \

@@ -1,0 +1,102 @@
+"""One engine table per engine, read both ways: lowering writes its records through it, `pcc import`
+reads launches through it.
+
+A table holds what an engine's own parser defines for each flag (canonical name, aliases, arity,
+type, choices, default), generated from the engine's definitions and checked against the generator
+in CI: SGLang's from its ServerArgs (targets/sglang_flags.json, tools/engine_flags.py); Miles' from
+Miles' and its Megatron's argparse sources (targets/miles_flags.json, tools/miles_flags.py) plus
+SGLang's flags as Miles registers them (`--sglang-` before every option string of a field it does
+not skip). What an engine sets itself after parsing (Miles turns the distributed optimizer on for
+Adam) is data beside it (targets/miles.yaml `applies`), so an import sees the setting the engine
+runs and a lowering can tell when a contract asks for the opposite.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+from pcc.resources import data_dir, target_table
+
+PREFIX = "--sglang-"  # Miles' SGLang flags
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # the canonical option string
+    nargs: object  # 0 (a switch), 1, "?", "+", "*" or a count
+    type: str | None
+    choices: tuple[str, ...] | None
+    default: object = None
+
+
+class EngineTable:
+    def __init__(self, engine: str, flags: dict[str, Flag], aliases: dict[str, str], applies: list[dict]):
+        self.engine, self.flags, self._aliases, self.applies = engine, flags, aliases, applies
+
+    def canonical(self, option: str) -> str:
+        """The canonical option string of `option` (itself when it names no flag of the table)."""
+        return self._aliases.get(option, option)
+
+    def spec(self, option: str) -> Flag | None:
+        return self.flags.get(self.canonical(option))
+
+    def value(self, given: dict[str, list[str]], flag: str):
+        """A flag's value in `given` (canonical flag -> words) as the engine reads it: its last word,
+        True for a switch given, the parser's default when unset."""
+        if flag in given:
+            return given[flag][-1] if given[flag] else True
+        spec = self.flags.get(flag)
+        return spec.default if spec is not None else None
+
+    def implied(self, given: dict[str, list[str]]) -> dict[str, list[str] | None]:
+        """What the engine sets itself after parsing `given`, whatever `given` says: flag -> its words
+        ([] a switch on, None off), from the `applies` rules."""
+        return {rule["set"]: rule["value"] if all(self.value(given, k) in v for k, v in rule["when"].items())
+                else rule["otherwise"] for rule in self.applies}
+
+    def effective(self, given: dict[str, list[str]]) -> dict[str, list[str]]:
+        """`given` as the engine runs it: the implied settings applied (a switch turned off is absent)."""
+        out = dict(given)
+        for flag, words in self.implied(given).items():
+            if words is None:
+                out.pop(flag, None)
+            else:
+                out[flag] = list(words)
+        return out
+
+
+def _flag(name: str, d: dict) -> Flag:
+    choices = d.get("choices")
+    return Flag(name, d["nargs"], d.get("type"), tuple(choices) if isinstance(choices, list) else None,
+                d.get("default"))
+
+
+def _read(name: str) -> dict:
+    with open(data_dir("targets") / name, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@functools.cache
+def table(engine: str) -> EngineTable:
+    """The table of `engine`: sglang, or miles (Miles' parser: Megatron's flags, Miles' own, and SGLang's
+    as --sglang-<option>)."""
+    sglang = _read("sglang_flags.json")["flags"]
+    if engine == "sglang":
+        flags = {k: _flag(k, d) for k, d in sglang.items()}
+        aliases = {a: k for k, d in sglang.items() for a in d["aliases"]}
+        return EngineTable(engine, flags, aliases, [])
+    if engine != "miles":
+        raise KeyError(f"no engine table for '{engine}' (tables: sglang, miles)")
+    miles = _read("miles_flags.json")
+    skipped = set(miles["sglang_skipped"])
+    flags = {k: _flag(k, d) for k, d in miles["flags"].items()}
+    aliases: dict[str, str] = {}
+    for k, d in sglang.items():
+        if d["dest"] in skipped:
+            continue
+        name = PREFIX + k[2:]
+        flags.setdefault(name, _flag(name, d))
+        aliases.update({PREFIX + a.lstrip("-"): name for a in d["aliases"]})
+    return EngineTable(engine, flags, aliases, target_table("miles").get("applies", []))

@@ -1,0 +1,99 @@
+"""One engine table per engine, read both ways (pcc/lower/engine_table.py): generated from the engine's own
+parser and checked against it; `pcc import miles` reads launches through it (aliases, what Miles sets
+itself), and the Miles target warns where a contract writes the opposite of what Miles sets itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pcc.importer import import_source
+from pcc.lower import compile_file, lower
+from pcc.lower.engine_table import table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.engines
+def test_the_sglang_table_is_what_sglangs_own_parser_defines():
+    try:
+        import sglang.srt.server_args  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must check the SGLang table: {exc}")
+        pytest.skip(f"SGLang's parser is not installed ({exc}): bash requirements/install-engines.sh")
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "engine_flags.py"), "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_aliases_read_as_the_engine_reads_them():
+    sglang, miles = table("sglang"), table("miles")
+    assert sglang.canonical("--expert-parallel-size") == sglang.canonical("--ep") == "--ep-size"
+    assert sglang.spec("--tensor-parallel-size").type == "int"
+    # Miles registers every option string of SGLang's fields it does not skip, prefixed
+    assert miles.canonical("--sglang-expert-parallel-size") == "--sglang-ep-size"
+    assert miles.canonical("--sglang-data-parallel-size") == "--sglang-dp-size"
+    assert miles.canonical("--sglang-pipeline-parallel-size") == "--sglang-pp-size"
+    assert miles.spec("--sglang-model-path") is None  # a field Miles skips
+    assert miles.spec("--fp8-recipe").choices and "blockwise" in miles.spec("--fp8-recipe").choices
+
+
+def test_what_miles_sets_itself():
+    miles = table("miles")
+    assert miles.implied({}) == {"--use-distributed-optimizer": [], "--bf16": []}
+    assert miles.implied({"--optimizer": ["sgd"], "--use-distributed-optimizer": [], "--fp16": []}) == {
+        "--use-distributed-optimizer": None, "--bf16": None}
+
+
+LAUNCH = """#!/bin/bash
+ray job submit --address="http://127.0.0.1:8265" -- python3 train.py \\
+   --tensor-model-parallel-size 4 --expert-model-parallel-size 8 --optimizer {optimizer} \\
+   --use-precision-aware-optimizer --main-params-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 \\
+   --colocate --rollout-num-gpus-per-engine 8 --sglang-expert-parallel-size 8 --sglang-data-parallel-size 2 \\
+   --sglang-enable-dp-attention
+"""
+
+
+def test_a_miles_launch_imports_as_miles_runs_it(tmp_path):
+    """Miles' scripts never pass --use-distributed-optimizer: Miles turns it on for Adam itself, so a
+    precision-aware optimizer imports into a contract that checks (not PCC308); SGLang's aliases are read."""
+    script = tmp_path / "run.sh"
+    script.write_text(LAUNCH.format(optimizer="adam"))
+    imp = import_source("miles", str(script), "qwen3_30b_a3b", "H100")
+    assert imp.contract["trainer"]["optimizer"] == {"kind": "adam", "distributed": True, "offload": False,
+                                                    "precision_aware": True}
+    assert imp.contract["rollout"]["parallel"] == {"tp": 8, "ep": 8, "dp": 2}
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    c = compile_file(str(out))
+    assert c.ok and "PCC308" not in {d.code for d in c.diagnostics}
+    script.write_text(LAUNCH.format(optimizer="sgd").replace("--use-precision-aware-optimizer", ""))
+    imp = import_source("miles", str(script), "qwen3_30b_a3b", "H100")
+    assert imp.contract["trainer"]["optimizer"]["distributed"] is False  # Megatron's ZeRO runs Adam only
+
+
+def test_a_written_setting_miles_overrides_is_a_warning_on_its_field(tmp_path):
+    path = tmp_path / "c.prec"
+    path.write_text("contract c {\n  model qwen3_30b_a3b\n  hardware H100\n  trainer megatron {\n"
+                    "    optimizer adam\n  }\n}\n")
+    c = compile_file(str(path))
+    (w,) = [d for d in c.diagnostics if d.code == "PCC612"]
+    assert (w.severity, w.span.line) == ("warning", 5) and "--use-distributed-optimizer on" in w.message
+    path.write_text(path.read_text().replace("optimizer adam", "optimizer adam distributed"))
+    assert "PCC612" not in {d.code for d in compile_file(str(path)).diagnostics}
+    path.write_text("contract c {\n  model qwen3_30b_a3b\n  hardware H100\n}\n")  # not written: not asked
+    plan = compile_file(str(path)).plan
+    assert not [w for w in lower(plan, "miles").caveats if w.path == "trainer.optimizer"]
+
+
+def test_the_sglang_table_file_is_well_formed():
+    doc = json.loads((ROOT / "targets" / "sglang_flags.json").read_text(encoding="utf-8"))
+    assert doc["source"].startswith("sglang ") and len(doc["flags"]) > 400
+    assert all(k.startswith("-") and set(v) == {"dest", "aliases", "nargs", "type", "choices", "default"}
+               for k, v in doc["flags"].items())
