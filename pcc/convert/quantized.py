@@ -233,9 +233,7 @@ def copied(src, plan, i: int) -> bool:
     scheme (`copies`) and, in an NVFP4 scale group, so must every member's, with one `weight_scale_2`:
     members a source scaled apart (the loaders would apply one of their scales to all) are requantized
     together with the group's amax instead (pcc.plan.tensors.scale_group)."""
-    from pcc.lower.converter import tensor_targets
-
-    t = tensor_targets(plan, i)
+    t = plan.rollout_tensors[i]
     enc = src.view.encodings.get(plan.catalog.operators[i].tensor)
     if enc is None or not copies(enc, plan.scheme("rollout", i), t["layout"]):
         return False
@@ -354,17 +352,16 @@ def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy:
     writes with and `pcc verify-checkpoint --source` checks against. `amax` and `rows` as for
     `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy); `out`, storage for the
     codes, is used where the weight is quantized."""
-    from pcc.layout.tensors import rollout_tensors
-    from pcc.lower.converter import tensor_targets
+    from pcc.plan.encode import rollout_tensors
 
     if not isinstance(loaded, Encoded):
         return rollout_tensors(plan, i, loaded, rows=rows, amax=amax, out=out)
-    t = tensor_targets(plan, i)
+    t = plan.rollout_tensors[i]
     if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]) if copy is None else copy:
         if rows is not None:
             raise ValueError(f"{loaded.enc.name}: a copied encoding is written whole, not in rows")
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])
-    if t["layout"] == "wide":
+    if not plan.layouts[i].quantized:
         import torch
 
         (name, want), = t["targets"].items()
