@@ -4,9 +4,10 @@ stage branches on its name.
 
 A layout owns: which rollout schemes it stores (`accepts`); its tensors, names and shapes, for one
 operator (`targets`, SGLang's loader names); how a quantized weight becomes them and comes back
-(`encode`, `decode`: torch only inside them, so `pcc check` imports none); the error bound
-`pcc verify-checkpoint` allows (`slack`); and the `quantization_config` (and ModelOpt's
-`hf_quant_config`) the checkpoint carries. The Plan decides each operator's layout once
+(`encode`, `decode`: torch only inside them, so `pcc check` imports none); which quantized
+source encodings it copies bit for bit, and how (`copies`, `stored`; pcc.models.quantized
+recognizes them); the error bound `pcc verify-checkpoint` allows (`slack`); and the
+`quantization_config` (and ModelOpt's `hf_quant_config`) the checkpoint carries. The Plan decides each operator's layout once
 (`Plan.layouts`); convert, the runtime, validate and the targets read it there.
 """
 
@@ -118,6 +119,19 @@ class Layout:
         rel, small, top = self.element
         return x.abs() * rel + s * small + (x.abs() - top * s).clamp(min=0) + 1e-30
 
+    def copies(self, enc, spec: Scheme) -> bool:
+        """Is a quantized source's encoding (pcc.models.quantized.Encoding) a member of `spec` in this
+        layout, so `pcc convert` copies its codes and scales bit for bit rather than quantizing again?"""
+        return enc.kind == self.name and spec.weights is not None and self._copies(enc, spec)
+
+    def _copies(self, enc, spec: Scheme) -> bool:
+        return False
+
+    def stored(self, enc, parts: dict) -> list:
+        """The target tensors, in order, of a copied source encoding, from its parts by role (None for
+        codes the converter streams as stored)."""
+        raise NotImplementedError
+
     def quantization_config(self, spec: Scheme, skip: list[str], kv: str | None) -> dict | None:
         """config.json's `quantization_config`, as SGLang's loader for this layout reads it."""
         raise NotImplementedError
@@ -203,6 +217,9 @@ class _Fp8(Layout):
 
         return Quantized(t[0], t[1], torch.Size(shape), scheme, "weight")
 
+    def stored(self, enc, parts):
+        return [parts.get("weight"), parts["scale"]]
+
     def quantization_config(self, spec, skip, kv):
         cfg = {"quant_method": self.quant_method, "activation_scheme": "dynamic", "modules_to_not_convert": skip,
                **self._fields(spec)}
@@ -225,6 +242,10 @@ class Fp8Block(_Fp8):
         n, k = shape
         return ((None, "float8_e4m3fn", shape), (".weight_scale_inv", "float32", (-(-n // w.rows), -(-k // w.cols))))
 
+    def _copies(self, enc, spec):
+        w = spec.weights
+        return (w.rows, w.cols) == enc.block and (spec.scale == "fp32" or spec.scale == "pow2" and enc.pow2)
+
     def _fields(self, spec):
         out = {**super()._fields(spec), "weight_block_size": [spec.weights.rows, spec.weights.cols]}
         if spec.scale == "pow2":
@@ -244,6 +265,9 @@ class Fp8Tensor(_Fp8):
 
     def piece_rows(self, w):
         return 1  # one scale: any rows, given the whole weight's amax
+
+    def _copies(self, enc, spec):
+        return spec.scale == "fp32"
 
 
 @register("mxfp8")
@@ -308,6 +332,15 @@ class Mxfp4(Layout):
         codes = t[0].reshape(n, k // 2)
         return Quantized(codes if scheme.packing else unpack_e2m1x2(codes, k), t[1], torch.Size(shape), scheme, "weight")
 
+    def _copies(self, enc, spec):
+        return spec.weights.size == enc.block[1]
+
+    def stored(self, enc, parts):
+        import torch
+
+        n, k = enc.shape
+        return [parts["weight"].reshape(n, k // 32, 16), parts["scale"].view(torch.uint8).reshape(n, k // 32)]
+
     def quantization_config(self, spec, skip, kv):
         return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
 
@@ -353,6 +386,15 @@ class Nvfp4(Layout):
 
         codes = t[0] if scheme.packing else unpack_e2m1x2(t[0], shape[1])
         return Quantized(codes, t[1], torch.Size(shape), scheme, "weight", outer_scale=(1.0 / t[2].float()).reshape(()))
+
+    def _copies(self, enc, spec):
+        return spec.weights.size == enc.block[1]
+
+    def stored(self, enc, parts):
+        import torch
+
+        one = torch.ones((), dtype=torch.float32)  # the placeholder; the carried or calibrated scale replaces it
+        return [parts.get("weight"), parts["scale"], parts["scale_2"], parts.get("input_scale", one)]
 
     def quantization_config(self, spec, skip, kv):
         # The flat config.json form: SGLang reads exclusions from `ignore`; `exclude_modules` is the same
@@ -410,6 +452,15 @@ class Int4(Layout):
         codes = t[0] if scheme.packing else unpack_int32x8(t[0], k)
         zp = unpack_int32x8(t[3], n, dim=0).to(torch.int8) if len(t) > 3 else None
         return Quantized(codes, t[1], torch.Size(shape), scheme, "weight", zero_point=zp)
+
+    def _copies(self, enc, spec):
+        return spec.weights.size == enc.block[1] and spec.symmetric == enc.symmetric and spec.scale == "fp32"
+
+    def stored(self, enc, parts):
+        import torch
+
+        out = [parts.get("weight"), parts["scale"], torch.tensor(list(enc.shape), dtype=torch.int64)]
+        return out + [parts["zero_point"]] if "zero_point" in parts else out
 
     def slack(self, x, s):
         # half a step, plus float32 rounding of x/s and of q*s: a round-half tie (common when the source is
