@@ -16,6 +16,7 @@ from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.server_script import Server, request_caveats, server_script
 from pcc.lower.engine_support import check
 from pcc.plan import Plan
+from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_server.sh"
@@ -126,7 +127,7 @@ def lower_sglang(plan: Plan) -> Lowered:
     layout = rollout_layout(plan)
     args = ["--dtype", "bfloat16"]
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
-    if layout != "wide":
+    if named(layout).quantized:
         args += ["--quantization", tab["quantization"][layout]]
         notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}. The checkpoint's "
                      "quantization_config names it too; passing it anyway makes SGLang refuse a checkpoint whose "

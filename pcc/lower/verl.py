@@ -17,6 +17,7 @@ import shlex
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.plan import Plan
+from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 OVERRIDES_FILE = "verl/overrides.txt"
@@ -176,7 +177,7 @@ def _online_quantization(plan: Plan) -> str | None:
     """verl's `rollout.quantization`: None when rollout is wide, "fp8" when the contract's rollout is
     exactly verl's online block FP8, else PCC626."""
     layout, fp8 = rollout_layout(plan), tables()["online_fp8"]
-    if layout == "wide":
+    if not named(layout).quantized:
         return None
     path = next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide), "rollout")
     spec = rollout_scheme(plan)
