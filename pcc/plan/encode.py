@@ -56,7 +56,8 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor, rows: slice
     if rows is not None:
         step = piece_rows(plan, op_index)
         if step is None or rows.start % step or (rows.stop % step and rows.stop != op.shape[0]):
-            raise ValueError(f"{op.tensor}: rows {rows.start}..{rows.stop} are not whole pieces of its {layout.name} layout")
+            raise ValueError(f"{op.tensor}: rows {rows.start}..{rows.stop} are not whole pieces of its "
+                             f"{layout.name} layout")
     if amax is None and layout.global_scale and (rows is not None or "scale_group" in entry):
         raise ValueError(f"{op.tensor}: its global scale needs the amax of "
                          + ("the whole weight" if "scale_group" not in entry else
