@@ -16,7 +16,7 @@ from __future__ import annotations
 from pcc.contract.model import Scheme
 from pcc.lower import Unsupported
 from pcc.plan import Plan
-from pcc.plan.layouts import Layout, layout_of as plan_layout, named
+from pcc.plan.layouts import Layout, named
 
 # Families whose wide tensors are not linear modules any loader would quantize.
 _NOT_MODULES = ("norm", "kv_cache")
@@ -28,34 +28,29 @@ class LayoutError(Unsupported):
     code = "PCC608"
 
 
-def layout_of(spec: Scheme) -> Layout:
-    """The checkpoint layout of one rollout weight scheme (pcc.plan.layouts), or PCC608."""
-    layout = plan_layout(spec)
-    if layout is None:
-        w = spec.weights
-        raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{spec.format}' grouped "
-                          f"'{w.text() if w else None}' (supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, "
-                          "int4 group)", hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or int4 group N "
-                          "for rollout weights")
-    return layout
-
-
 def rollout_layout(plan: Plan) -> str:
     """The name of the one quantized layout of the plan's rollout weights, or "wide"."""
     return checkpoint_layout(plan).name
 
 
 def checkpoint_layout(plan: Plan) -> Layout:
-    """The one quantized layout of the plan's rollout weights, or the wide one; PCC608 when they have none
-    or several (one SGLang checkpoint holds one format)."""
+    """The one quantized layout of the plan's rollout weights (the Plan's `layouts`), or the wide one;
+    PCC608 on the rule whose scheme no layout stores, or when they have several (one SGLang checkpoint
+    holds one format)."""
     ops = plan.catalog.operators
     found: dict[Layout, str | None] = {}
     for d, idx in plan.used("rollout"):
-        if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx):
-            try:
-                found.setdefault(layout_of(d.scheme), d.path)
-            except LayoutError as exc:
-                raise LayoutError(exc.message, path=d.path, hint=exc.hint) from None
+        weights = [i for i in idx if ops[i].family != "kv_cache"]
+        if d.scheme.wide or not weights:
+            continue
+        layout = plan.layouts[weights[0]]
+        if layout is None:
+            w = d.scheme.weights
+            raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{d.scheme.format}' grouped "
+                              f"'{w.text() if w else None}' (supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, "
+                              "int4 group)", path=d.path, hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or "
+                              "int4 group N for rollout weights")
+        found.setdefault(layout, d.path)
     if len(found) > 1:
         raise LayoutError(f"rollout mixes {', '.join(sorted(x.name for x in found))}: one SGLang checkpoint holds "
                           "one format", path=list(found.values())[-1])
