@@ -64,6 +64,9 @@ def parity(kind: str) -> str:
 
 
 class Layout:
+    """A checkpoint layout, one instance per registered subclass. The class attributes are the facts
+    convert, verify-checkpoint and the converter plan used to branch on the layout's name for."""
+
     name = ""
     quantized = True  # False: the source's own values
     packs = False  # codes below a byte, packed (the converter plan's "pack" step)
@@ -78,8 +81,8 @@ class Layout:
         raise NotImplementedError
 
     def targets(self, plan, i: int) -> dict | None:
-        """{"layout", "targets": {name: {dtype, shape}}, "scale_group"?, "fuse"?} for operator i; None
-        when this layout cannot hold a tensor of its shape."""
+        """{"layout", "targets": {name: {dtype, shape}}, "fuse"?} for operator i (pcc.plan.tensors adds
+        its NVFP4 "scale_group"); None when this layout cannot hold a tensor of its shape."""
         op = plan.catalog.operators[i]
         return self._own(plan, i) if len(op.shape) == 2 else None
 
