@@ -28,7 +28,6 @@ STAGES = [
     "plan",       # contract + catalog -> Plan; checks
     "lower",      # Plan -> per-target artifacts
     "bundle",     # the job directory, the Miles launch
-    "layout",     # the rollout checkpoint's tensor layout, below both of its users
     "runtime",    # the embedded CPU RL runtime
     "convert",    # rollout checkpoints (uses the runtime model for NVFP4 calibration)
     "validate",   # the ladder, on the runtime and converted checkpoints

@@ -18,8 +18,9 @@ from pcc.convert import ConvertError
 from pcc.models.base import CatalogError
 from pcc.models.quantized import Encoding, View, read_small_int
 from pcc.models.quantized import recognize as _recognize
+from pcc.plan.layouts import named
 
-__all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "copies", "read",
+__all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "read",
            "read_rows", "read_small_int", "recognize", "rollout_of", "row_unit", "streams_codes"]
 
 
@@ -213,37 +214,21 @@ _DECODE = {"fused": _fused, "fp8_block": _fp8_block, "fp8_tensor": _fp8_tensor, 
 
 # ---- the rollout tensors of an encoded weight ----
 
-def copies(enc: Encoding, scheme, layout: str) -> bool:
-    """Is the source's encoding a member of the rollout scheme, so its codes and scales are copied bit
-    for bit rather than dequantized and quantized again?"""
-    w = scheme.weights
-    if layout != enc.kind or w is None:
-        return False
-    if enc.kind == "fp8_block":
-        return (w.rows, w.cols) == enc.block and (scheme.scale == "fp32" or scheme.scale == "pow2" and enc.pow2)
-    if enc.kind == "fp8_tensor":
-        return scheme.scale == "fp32"
-    if enc.kind in ("nvfp4", "mxfp4"):
-        return w.size == enc.block[1]
-    return w.size == enc.block[1] and scheme.symmetric == enc.symmetric and scheme.scale == "fp32"  # int4
-
-
 def copied(src, plan, i: int) -> bool:
     """Is operator i's source weight copied bit for bit? Its encoding must be a member of the rollout
-    scheme (`copies`) and, in an NVFP4 scale group, so must every member's, with one `weight_scale_2`:
+    scheme (its layout's `copies`) and, in an NVFP4 scale group, so must every member's, with one `weight_scale_2`:
     members a source scaled apart (the loaders would apply one of their scales to all) are requantized
     together with the group's amax instead (pcc.plan.tensors.scale_group)."""
-    from pcc.lower.converter import tensor_targets
-
-    t = tensor_targets(plan, i)
+    t = plan.rollout_tensors[i]
     enc = src.view.encodings.get(plan.catalog.operators[i].tensor)
-    if enc is None or not copies(enc, plan.scheme("rollout", i), t["layout"]):
+    if enc is None or not plan.layouts[i].copies(enc, plan.scheme("rollout", i)):
         return False
     group = t.get("scale_group")
     if not group:
         return True
     encs = [src.view.encodings.get(m) for m in group]
-    if any(e is None or not copies(e, plan.scheme("rollout", plan.index[m]), "nvfp4") for e, m in zip(encs, group)):
+    layout = plan.layouts[i]
+    if any(e is None or not layout.copies(e, plan.scheme("rollout", plan.index[m])) for e, m in zip(encs, group)):
         return False
     return len({src.load(e.part("scale_2")).float().reshape(-1).numpy().tobytes() for e in encs}) == 1
 
@@ -256,20 +241,7 @@ def copied_tensors(enc: Encoding, parts: dict, targets: dict) -> dict:
 
     from pcc.convert.shards import ST_DTYPES
 
-    names = list(targets)
-    codes = parts.get("weight")
-    if enc.kind == "fp8_block" or enc.kind == "fp8_tensor":
-        vals = [codes, parts["scale"]]
-    elif enc.kind == "nvfp4":
-        one = torch.ones((), dtype=torch.float32)  # the placeholder; the carried or calibrated scale replaces it
-        vals = [codes, parts["scale"], parts["scale_2"], parts.get("input_scale", one)]
-    elif enc.kind == "mxfp4":
-        n, k = enc.shape
-        vals = [parts["weight"].reshape(n, k // 32, 16), parts["scale"].view(torch.uint8).reshape(n, k // 32)]
-    else:
-        vals = [codes, parts["scale"], torch.tensor(list(enc.shape), dtype=torch.int64)]
-        if "zero_point" in parts:
-            vals.append(parts["zero_point"])
+    names, vals = list(targets), named(enc.kind).stored(enc, parts)
     if len(vals) != len(names):
         raise ConvertError(f"{enc.name}: the source's {enc.kind} tensors do not match the rollout layout {names}")
     out = {}
@@ -317,7 +289,7 @@ def _check_copied(enc: Encoding, out: dict) -> None:
         if t.dtype != torch.float8_e4m3fn and not all_finite(t):
             raise ConvertError(f"{enc.name}: source scale {name} holds NaN or inf")
         check_codes(enc, name, t)
-    if enc.kind == "mxfp4" and bool((list(out.values())[1] == 255).any()):
+    if named(enc.kind).e8m0_scales and bool((list(out.values())[1] == 255).any()):
         raise ConvertError(f"{enc.name}: E8M0 scale byte 255 (NaN)")
 
 
@@ -354,17 +326,16 @@ def rollout_of(plan, i: int, loaded, amax=None, rows: slice | None = None, copy:
     writes with and `pcc verify-checkpoint --source` checks against. `amax` and `rows` as for
     `rollout_tensors` (`loaded` is then those rows, `read_rows`; never a copy); `out`, storage for the
     codes, is used where the weight is quantized."""
-    from pcc.layout.tensors import rollout_tensors
-    from pcc.lower.converter import tensor_targets
+    from pcc.plan.encode import rollout_tensors
 
     if not isinstance(loaded, Encoded):
         return rollout_tensors(plan, i, loaded, rows=rows, amax=amax, out=out)
-    t = tensor_targets(plan, i)
-    if copies(loaded.enc, plan.scheme("rollout", i), t["layout"]) if copy is None else copy:
+    t = plan.rollout_tensors[i]
+    if plan.layouts[i].copies(loaded.enc, plan.scheme("rollout", i)) if copy is None else copy:
         if rows is not None:
             raise ValueError(f"{loaded.enc.name}: a copied encoding is written whole, not in rows")
         return copied_tensors(loaded.enc, loaded.parts, t["targets"])
-    if t["layout"] == "wide":
+    if not plan.layouts[i].quantized:
         import torch
 
         (name, want), = t["targets"].items()

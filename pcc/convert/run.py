@@ -40,7 +40,6 @@ _IN_FLIGHT = 4  # source pieces mapped at once: two queued, one being computed, 
 # with 180 MiB less in flight, which matters beside the CUDA build of torch (500 MiB to import).
 PIECE_BYTES = 32 << 20
 _ST_TORCH = {v: k for k, v in ST_DTYPES.items()}  # safetensors dtype -> the plan's torch name
-_GLOBAL_SCALE = ("fp8_tensor", "nvfp4")  # layouts whose scale needs a whole-tensor (or group) amax
 _RECYCLE_MIN = 1 << 20  # codes at least this large are quantized into recycled buffers (`_Recycled`)
 
 
@@ -110,7 +109,7 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     `copy`: written as stored, in pieces; `copy_codes`: a quantized source's copied encoding whose
     codes are written as stored, in pieces, then its scales; `rows`: quantized in row pieces of a
     multiple of this many rows (a weight larger than PIECE_BYTES whose layout allows it,
-    pcc.layout.tensors.piece_rows; a quantized source's requantized or widened weight whose float32
+    pcc.plan.encode.piece_rows; a quantized source's requantized or widened weight whose float32
     values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
     quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale).
@@ -118,14 +117,14 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
     up, then every down), so each fused target's first tensor streams an expert at a time
     (`_compute`); the write order of the targets is the plan's either way."""
     from pcc.convert.quantized import copied, row_unit, streams_codes
-    from pcc.layout.tensors import piece_rows
+    from pcc.plan.encode import piece_rows
 
     items, order, seen = [], [], {}
     for k, e in enumerate(_by_fused_target(doc["tensors"])):
         if not src.has(e["source"]):
             raise ConvertError(f"{src.root}: the plan needs {e['source']}, which the checkpoint lacks")
         item = {"op": k, "source": e["source"], "emits": [], "feeds": [], "fuse": e.get("fuse"),
-                "copy": doc["recipes"][e["recipe"]]["layout"] == "wide" and list(e["targets"]) == [e["source"]]
+                "copy": not plan.layouts[plan.index[e["source"]]].quantized and list(e["targets"]) == [e["source"]]
                 and src.stored(e["source"]) and src.entries[e["source"]]["shape"] == list(e["targets"][e["source"]]["shape"])
                 and _ST_TORCH.get(src.entries[e["source"]]["dtype"]) == e["targets"][e["source"]]["dtype"]}
         for name, t in e["targets"].items():
@@ -139,15 +138,15 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
         stored = src.stored(e["source"]) and src.entries[e["source"]]["dtype"] in _WIDE_SOURCE
         item["rows"] = (piece_rows(plan, plan.index[e["source"]]) if stored and not item["copy"] and "fuse" not in e
                         and src.nbytes(e["source"]) > PIECE_BYTES else None)
-        layout = doc["recipes"][e["recipe"]]["layout"]
+        layout = plan.layouts[plan.index[e["source"]]]
         enc = src.view.encodings.get(e["source"])
         requantized = enc is not None and not copied(src, plan, plan.index[e["source"]])
         item["copied"] = enc is not None and not requantized
         item["copy_codes"] = (item["copied"] and src.nbytes(e["source"]) > PIECE_BYTES
                               and streams_codes(src, enc, e["targets"]))
         if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
-            item["rows"] = math.lcm(1 if layout == "wide" else piece_rows(plan, plan.index[e["source"]]), row_unit(enc))
-        item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout in _GLOBAL_SCALE
+            item["rows"] = math.lcm(piece_rows(plan, plan.index[e["source"]]) if layout.quantized else 1, row_unit(enc))
+        item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout.global_scale
                            and (stored or requantized) and ("scale_group" in e or item["rows"]) else None)
         items.append(item)
     for e in doc["copied"]:
@@ -198,8 +197,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     import torch
 
     from pcc.convert.quantized import Encoded, check_codes, copied_tensors, read_rows
-    from pcc.layout.tensors import place_fused
-    from pcc.lower.converter import tensor_targets
+    from pcc.plan.encode import place_fused
 
     loaded: queue.Queue = queue.Queue(maxsize=2)
     out: queue.Queue = queue.Queue(maxsize=4)
@@ -336,7 +334,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             if it["copy_codes"]:  # a copied encoding: a piece of its codes, or at the end its other tensors
                 part, value, final = tensor
                 enc = src.view.encodings[it["source"]]
-                targets = tensor_targets(plan, plan.index[it["source"]])["targets"]
+                targets = plan.rollout_tensors[plan.index[it["source"]]]["targets"]
                 if part == "codes":
                     first = next(iter(targets))
                     check_codes(enc, first, value)
@@ -366,7 +364,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                 for n in names[1:]:
                     row_parts.setdefault(n, []).append(got[n])
                 if final:
-                    whole = tensor_targets(plan, plan.index[it["source"]])["targets"]
+                    whole = plan.rollout_tensors[plan.index[it["source"]]]["targets"]
                     for n in names[1:]:
                         parts = row_parts.pop(n)
                         t = parts[-1] if list(parts[-1].shape) == list(whole[n]["shape"]) else torch.cat(parts)
@@ -456,13 +454,12 @@ def _codes_out(plan, it: dict, nrows: int | None, recycled: _Recycled):
     """A recycled buffer for the codes of work item `it`'s weight (`nrows` of its rows, or whole), or None
     where nothing is quantized into one: kept wide, copied, a fused expert (placed into the fused tensor)
     or small codes."""
-    from pcc.lower.converter import tensor_targets
     from pcc.numerics import codes_nbytes
 
     if it["op"] is None or it["fuse"] is not None or it["copied"]:
         return None
     i = plan.index[it["source"]]
-    if tensor_targets(plan, i)["layout"] == "wide":
+    if not plan.layouts[i].quantized:
         return None
     shape = tuple(plan.catalog.operators[i].shape)
     if nrows is not None:
@@ -541,14 +538,13 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
     import torch
 
     from pcc.convert.quantized import Encoded, rollout_of
-    from pcc.lower.converter import tensor_targets
 
     file = src.file_of(it["source"])
     if it["op"] is None:
         _check_finite(tensor, it["source"], file)
         return [(it["source"], tensor)]
     op = plan.catalog.operators[plan.index[it["source"]]]
-    wide = tensor_targets(plan, plan.index[it["source"]])["layout"] == "wide"
+    wide = not plan.layouts[plan.index[it["source"]]].quantized
     if not isinstance(tensor, Encoded) and not wide and src.entries[it["source"]]["dtype"] not in _WIDE_SOURCE:
         entry = src.entries[it["source"]]
         raise ConvertError(f"{file}: {op.tensor} is {entry['dtype']}; the converter quantizes BF16/FP16/FP32 weights")
@@ -594,9 +590,7 @@ def _compute(plan, src: Source, it: dict, tensor, fused: dict, place_fused, inpu
 
 
 def _fused_shape(plan, it: dict, name: str) -> list[int]:
-    from pcc.lower.converter import tensor_targets
-
-    return tensor_targets(plan, plan.index[it["source"]])["targets"][name]["shape"]
+    return plan.rollout_tensors[plan.index[it["source"]]]["targets"][name]["shape"]
 
 
 def _check_finite(tensor, name: str, file: Path, first: int | None = None) -> None:

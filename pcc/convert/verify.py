@@ -21,10 +21,6 @@ from pcc.convert.source import open_source
 from pcc.lower.converter import converter_plan
 
 _WIDE = ("BF16", "F16", "F32")
-# Per element format: (relative half-ulp, smallest step as a multiple of the scale, largest code value)
-_ELEMENT = {"fp8_block": (2**-4, 2**-9, 448.0), "fp8_tensor": (2**-4, 2**-9, 448.0), "mxfp8": (2**-4, 2**-9, 448.0),
-            "mxfp4": (2**-2, 0.5, 6.0), "nvfp4": (2**-2, 0.5, 6.0)}
-
 
 def verify(contract: str, directory: str, source: str | None = None, full: bool = False) -> dict:
     root = Path(directory)
@@ -120,8 +116,7 @@ def _input_scales(doc: dict, out, report) -> tuple[int, list[dict]]:
     the checkpoint loads, but SGLang would quantize activations with an encode factor nobody measured."""
     import math
 
-    names = [n for e in doc["tensors"] for n in e["targets"] if n.endswith(".input_scale")
-             and doc["recipes"][e["recipe"]]["layout"] == "nvfp4"]
+    names = [n for e in doc["tensors"] for n in e["targets"] if n.endswith(".input_scale")]
     ones = []
     for name in names:
         v = float(out.load(name).float().reshape(-1)[0])
@@ -151,7 +146,7 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
 
     from pcc.convert.calibration import shared
     from pcc.convert.quantized import Encoded, copied, rollout_of
-    from pcc.layout.tensors import group_amax
+    from pcc.plan.encode import group_amax
     from pcc.runtime.calibrate import static_targets
 
     index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
@@ -164,7 +159,7 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     for k in _sample(doc, full):
         e = doc["tensors"][k]
         i, fam = index[e["source"]], e["recipe"].split("/")[0]
-        layout = doc["recipes"][e["recipe"]]["layout"]
+        layout = plan.layouts[i]
         written = {n: _rows(out.load(n), e.get("fuse")) for n in e["targets"]}
         problem = _scales_invalid(layout, written)
         if problem:
@@ -176,7 +171,7 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
             copy = isinstance(loaded, Encoded) and copied(src, plan, i)
             mine = rollout_of(plan, i, loaded, amax=None if copy else group_amax(plan, i, src.weight), copy=copy)
             for name, t in mine.items():
-                if name.endswith(".input_scale") and layout == "nvfp4":
+                if name.endswith(".input_scale"):
                     have = carried.get(name, written[name])
                     if float(written[name]) != float(have):  # a source's scale is carried over unchanged
                         report(fam, name, f"{float(written[name])}, the source's input_scale is {float(have)}")
@@ -203,10 +198,10 @@ def _stored_wide(e: dict, entries: dict) -> bool:
 
 
 def _rows(t, fuse):
-    """A fused tensor -> this operator's piece, as the Plan's `fuse` lays it out (pcc.layout.tensors.take_fused)."""
+    """A fused tensor -> this operator's piece, as the Plan's `fuse` lays it out (pcc.plan.encode.take_fused)."""
     if fuse is None:
         return t
-    from pcc.layout.tensors import take_fused
+    from pcc.plan.encode import take_fused
 
     return take_fused(t, fuse)
 
@@ -217,14 +212,14 @@ def _bytes(t):
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _scales_invalid(layout: str, written: dict) -> str | None:
+def _scales_invalid(layout, written: dict) -> str | None:
     import torch
 
     for name, t in written.items():
         if name.endswith(("_scale_inv", ".weight_scale", "_scale_2", ".input_scale")) and t.dtype == torch.float32:
             if not bool((torch.isfinite(t) & (t > 0)).all()):
                 return f"{name}: scales must be finite and positive"
-        if layout in ("mxfp8", "mxfp4") and t.dtype == torch.uint8 and name.endswith(("_scale_inv", "_scales")):
+        if layout.e8m0_scales and t.dtype == torch.uint8 and name.endswith(("_scale_inv", "_scales")):
             if bool((t == 255).any()):
                 return f"{name}: E8M0 byte 255 is NaN"
         if t.dtype == torch.float8_e4m3fn and bool(torch.isnan(t.float()).any()):
@@ -232,43 +227,16 @@ def _scales_invalid(layout: str, written: dict) -> str | None:
     return None
 
 
-def _out_of_bound(plan, i: int, layout: str, written: dict, x) -> str | None:
-    """|dequantized - source| within the element format's rounding (plus saturation at the top)."""
-    from pcc.numerics import Quantized
-    from pcc.numerics.packing import unpack_int32x8
-
-    if layout == "wide":
+def _out_of_bound(plan, i: int, layout, written: dict, x) -> str | None:
+    """|dequantized - source| within the element format's rounding (plus saturation at the top): the
+    layout's `slack`."""
+    if not layout.quantized:
         return None
-    scheme = plan.scheme("rollout", i)
-    names = list(written)
     op = plan.catalog.operators[i]
-    n, k = op.shape
-    if layout == "mxfp4":
-        q = Quantized(written[names[0]].reshape(n, k // 2), written[names[1]], x.shape, scheme, "weight")
-        if not scheme.packing:
-            return None
-    elif layout == "nvfp4":
-        outer = (1.0 / written[names[2]].float()).reshape(())
-        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight", outer_scale=outer)
-    elif layout == "int4":
-        g = scheme.weights.size
-        zp = written.get(names[-1]) if len(names) == 4 else None
-        zp = unpack_int32x8(zp, n, dim=0) if zp is not None else None
-        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight", zero_point=zp)
-        s = _per_element(q)
-        err = (q.dequantize() - x.float()).abs()
-        # half a step, plus float32 rounding of x/s and of q*s: a round-half tie (common when the source is
-        # itself on a coarse grid, e.g. dequantized FP8) lands exactly on half a step before rounding
-        slack = s * 0.5 * (1 + 2**-20) + x.float().abs() * 2**-22
-        return _first_over(err, slack, x, op.tensor, g)
-    else:
-        q = Quantized(written[names[0]], written[names[1]], x.shape, scheme, "weight")
-    rel, small, top = _ELEMENT[layout]
-    s = _per_element(q)
+    q = layout.decode(list(written.values()), tuple(op.shape), plan.scheme("rollout", i))
     xf = x.float()
     err = (q.dequantize() - xf).abs()
-    slack = xf.abs() * rel + s * small + (xf.abs() - top * s).clamp(min=0) + 1e-30
-    return _first_over(err, slack, x, op.tensor, None)
+    return _first_over(err, layout.slack(xf, _per_element(q)), x, op.tensor)
 
 
 def _per_element(q):
@@ -278,7 +246,7 @@ def _per_element(q):
     return s.expand(-1, -1, geo.block_cols).reshape(s.shape[0], nbc * geo.block_cols)[:, : geo.cols].reshape(q.shape)
 
 
-def _first_over(err, slack, x, name: str, _group) -> str | None:
+def _first_over(err, slack, x, name: str) -> str | None:
     over = err > slack
     if bool(over.any()):
         idx = over.nonzero()[0].tolist()

@@ -7,7 +7,8 @@ the KV cache is separate. Loaders matched (sgl-project/sglang, python/sglang/srt
   mxfp4        -> mxfp4.py `Mxfp4Config` (gpt-oss layout, routed experts only)
   nvfp4        -> modelopt_quant.py `ModelOptFp4Config.from_config` (flat form reads `ignore`)
   int4 W4A16   -> compressed_tensors/compressed_tensors.py (format "pack-quantized")
-Torch-free: `pcc compile` imports this.
+What each layout's config holds is its class's (pcc.plan.layouts); this module picks the one
+layout of the checkpoint and its exclusions. Torch-free: `pcc compile` imports this.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pcc.contract.model import Scheme
 from pcc.lower import Unsupported
 from pcc.plan import Plan
-from pcc.plan.tensors import layout_of as plan_layout
+from pcc.plan.layouts import Layout, named
 
 # Families whose wide tensors are not linear modules any loader would quantize.
 _NOT_MODULES = ("norm", "kv_cache")
@@ -27,32 +28,33 @@ class LayoutError(Unsupported):
     code = "PCC608"
 
 
-def layout_of(spec: Scheme) -> str:
-    """The checkpoint layout of one rollout weight scheme (pcc.plan.tensors), or PCC608."""
-    layout = plan_layout(spec)
-    if layout is None:
-        w = spec.weights
-        raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{spec.format}' grouped "
-                          f"'{w.text() if w else None}' (supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, "
-                          "int4 group)", hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or int4 group N "
-                          "for rollout weights")
-    return layout
-
-
 def rollout_layout(plan: Plan) -> str:
-    """The one quantized layout of the plan's rollout weights, or "wide"."""
+    """The name of the one quantized layout of the plan's rollout weights, or "wide"."""
+    return checkpoint_layout(plan).name
+
+
+def checkpoint_layout(plan: Plan) -> Layout:
+    """The one quantized layout of the plan's rollout weights (the Plan's `layouts`), or the wide one;
+    PCC608 on the rule whose scheme no layout stores, or when they have several (one SGLang checkpoint
+    holds one format)."""
     ops = plan.catalog.operators
-    found: dict[str, str | None] = {}
+    found: dict[Layout, str | None] = {}
     for d, idx in plan.used("rollout"):
-        if not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx):
-            try:
-                found.setdefault(layout_of(d.scheme), d.path)
-            except LayoutError as exc:
-                raise LayoutError(exc.message, path=d.path, hint=exc.hint) from None
+        weights = [i for i in idx if ops[i].family != "kv_cache"]
+        if d.scheme.wide or not weights:
+            continue
+        layout = plan.layouts[weights[0]]
+        if layout is None:
+            w = d.scheme.weights
+            raise LayoutError(f"no SGLang checkpoint layout for rollout weights '{d.scheme.format}' grouped "
+                              f"'{w.text() if w else None}' (supported: fp8 block/tensor, mxfp8, mxfp4, nvfp4, "
+                              "int4 group)", path=d.path, hint="use fp8_block, fp8_tensor, mxfp8, mxfp4, nvfp4 or "
+                              "int4 group N for rollout weights")
+        found.setdefault(layout, d.path)
     if len(found) > 1:
-        raise LayoutError(f"rollout mixes {', '.join(sorted(found))}: one SGLang checkpoint holds one format",
-                          path=list(found.values())[-1])
-    return next(iter(found)) if found else "wide"
+        raise LayoutError(f"rollout mixes {', '.join(sorted(x.name for x in found))}: one SGLang checkpoint holds "
+                          "one format", path=list(found.values())[-1])
+    return next(iter(found)) if found else named("wide")
 
 
 def wide_mask(plan: Plan) -> list[bool]:
@@ -65,7 +67,7 @@ def skip_list(plan: Plan) -> list[str]:
     """Module names (tensor name without '.weight') of the linear operators rollout keeps wide,
     plus SGLang's fused-MoE prefix `model.layers.N.mlp.experts` for layers whose routed experts
     are all wide (the loader asks about that prefix, not about each expert)."""
-    ops, layout = plan.catalog.operators, rollout_layout(plan)
+    ops, layout = plan.catalog.operators, checkpoint_layout(plan)
     names, expert_layers = [], {}
     for op, wide in zip(ops, wide_mask(plan)):
         if op.family.startswith("experts."):
@@ -77,11 +79,11 @@ def skip_list(plan: Plan) -> list[str]:
             raise LayoutError(f"layer {layer} keeps some routed experts wide and quantizes others: "
                               "SGLang's fused MoE layer takes one format for all its experts",
                               path=_expert_rule(plan, layer), hint="give all routed experts of a layer one scheme")
-        if kinds == {True} and layout == "mxfp4":
-            raise LayoutError(f"layer {layer} keeps its routed experts wide, but SGLang's mxfp4 method "
+        if kinds == {True} and layout.every_moe_layer:
+            raise LayoutError(f"layer {layer} keeps its routed experts wide, but SGLang's {layout.name} method "
                               "quantizes every fused MoE layer", path=_expert_rule(plan, layer),
                               hint="quantize the routed experts of every layer")
-        if kinds == {True} and layout != "wide":
+        if kinds == {True} and layout.quantized:
             names.append(_experts_prefix(plan, layer))
     return names
 
@@ -122,54 +124,9 @@ def rollout_scheme(plan: Plan) -> Scheme | None:
 
 def quantization_config(plan: Plan) -> dict | None:
     """config.json's `quantization_config` for the rollout checkpoint; None when rollout is wide."""
-    layout = rollout_layout(plan)
-    if layout == "wide":
-        return None
-    spec, skip, kv = rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan)
-    if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
-        cfg = {"quant_method": "mxfp8" if layout == "mxfp8" else "fp8", "activation_scheme": "dynamic",
-               "modules_to_not_convert": skip}
-        if layout != "mxfp8":
-            cfg["fmt"] = "e4m3"  # the published FP8 configs (Qwen3-*-FP8, DeepSeek-V3) carry it; loaders read e4m3
-        if layout == "fp8_block":
-            cfg["weight_block_size"] = [spec.weights.rows, spec.weights.cols]
-            if spec.scale == "pow2":
-                cfg["scale_fmt"] = "ue8m0"
-        elif layout == "mxfp8":
-            cfg["weight_block_size"] = [1, 32]
-        if kv:
-            cfg["kv_cache_quant_algo"] = kv
-        return cfg
-    if layout == "mxfp4":
-        return {"quant_method": "mxfp4", "modules_to_not_convert": skip}
-    if layout == "nvfp4":
-        # The flat config.json form: SGLang reads exclusions from `ignore`; `exclude_modules`
-        # is the same list under the name of ModelOpt's hf_quant_config.json. vLLM's
-        # ModelOptQuantConfigBase.from_config reads the flat form's KV cache only from
-        # `kv_cache_scheme` (SGLang from it, else `kv_cache_quant_algo`).
-        cfg = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-               "kv_cache_quant_algo": kv, "ignore": skip, "exclude_modules": skip}
-        if kv:
-            cfg["kv_cache_scheme"] = {"type": "float", "num_bits": 8 if kv == "FP8" else 4, "dynamic": False}
-        return cfg
-    return _compressed_tensors_int4(spec, skip)
-
-
-def _compressed_tensors_int4(spec: Scheme, skip: list[str]) -> dict:
-    """compressed-tensors' QuantizationConfig, as its own model_dump() writes it."""
-    weights = {"num_bits": 4, "type": "int", "symmetric": spec.symmetric, "group_size": spec.weights.size,
-               "strategy": "group", "dynamic": False}
-    group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None,
-             "format": None}
-    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
-            "config_groups": {"group_0": group}, "kv_cache_scheme": None, "global_compression_ratio": None,
-            "ignore": skip, "moe_sparsity_config": None}
+    return checkpoint_layout(plan).quantization_config(rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan))
 
 
 def hf_quant_config(plan: Plan) -> dict | None:
     """ModelOpt's separate hf_quant_config.json (nested form), written beside NVFP4 checkpoints."""
-    if rollout_layout(plan) != "nvfp4":
-        return None
-    return {"producer": {"name": "pcc"},
-            "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": kv_cache_algo(plan),
-                             "exclude_modules": skip_list(plan)}}
+    return checkpoint_layout(plan).hf_quant_config(skip_list(plan), kv_cache_algo(plan))

@@ -13,7 +13,8 @@ import json
 from pcc.lower import Lowered, target, unsupported
 from pcc.lower.checkpoint_config import hf_quant_config, kv_cache_algo, quantization_config, rollout_layout, skip_list
 from pcc.plan import Plan
-from pcc.plan.tensors import layout_of, sync_size
+from pcc.plan.layouts import Layout
+from pcc.plan.tensors import sync_size
 
 BUCKET_BYTES = 512 << 20  # Miles' --update-weight-buffer-size default
 _COLUMN = ("attn.q", "attn.kv", "mlp.gate_up", "shared_experts.gate_up", "embed", "lm_head")
@@ -28,7 +29,7 @@ def tensor_targets(plan: Plan, i: int) -> dict:
         if plan.scheme("rollout", i).format == "mxfp4" and not op.family.startswith("experts."):
             unsupported("PCC307", f"{op.tensor}: SGLang's mxfp4 checkpoint layout holds routed experts only",
                         path, hint="restrict the rule to 'experts.*'")
-        if layout_of(plan.scheme("rollout", i)) is None:
+        if plan.layouts[i] is None:
             rollout_layout(plan)  # raises PCC608 on the rule whose scheme has no layout
         unsupported("PCC206", f"{op.tensor}: no rollout checkpoint layout quantizes a tensor of shape "
                     f"{list(op.shape)} this way", path, hint="keep this tensor wide")
@@ -54,13 +55,13 @@ def _shard(plan: Plan, family: str, spec, shape) -> dict:
     return out
 
 
-def _steps(layout: str, fused: bool, moves: str, trainable: bool) -> list[str]:
+def _steps(layout: Layout, fused: bool, moves: str, trainable: bool) -> list[str]:
     steps = ["gather", "rename"]
     if fused:
         steps.append("fuse")
-    if layout != "wide":
+    if layout.quantized:
         steps.append("quantize")
-        if layout in ("mxfp4", "nvfp4", "int4"):
+        if layout.packs:
             steps.append("pack")
     steps.append("shard")
     if moves == "full_weights" or trainable:
@@ -93,12 +94,12 @@ def converter_plan(plan: Plan) -> dict:
         rid = f"{op.family}/{scheme}"
         if rid not in recipes:
             recipes[rid] = {"scheme": scheme, "layout": t["layout"], "shard": _shard(plan, op.family, spec, op.shape),
-                            "steps": _steps(t["layout"], "fuse" in t, moves, i in trainable)}
+                            "steps": _steps(plan.layouts[i], "fuse" in t, moves, i in trainable)}
         entry = {"source": op.tensor, "recipe": rid, "targets": t["targets"]}
         for key in ("fuse", "scale_group"):
             if key in t:
                 entry[key] = t[key]
-        if t["layout"] == "wide":
+        if not plan.layouts[i].quantized:
             skip.append(op.tensor)
         if moves == "full_weights":
             entry["bucket"] = place(sync_size(plan, i))

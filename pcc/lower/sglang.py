@@ -17,6 +17,7 @@ from pcc.lower.engine_support import check
 from pcc.lower.server_script import Server, kv_cache_rule, quantized_rule, request_caveats, server_script
 from pcc.lower.settings import Setting, flag
 from pcc.plan import Plan
+from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_server.sh"
@@ -119,7 +120,7 @@ def lower_sglang(plan: Plan) -> Lowered:
 
     put("--dtype", "bfloat16")
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
-    if layout != "wide":
+    if named(layout).quantized:
         put("--quantization", tab["quantization"][layout], quantized_rule(plan))
         notes.append(f"--quantization {tab['quantization'][layout]}: rollout weights are {layout}. The checkpoint's "
                      "quantization_config names it too; passing it anyway makes SGLang refuse a checkpoint whose "

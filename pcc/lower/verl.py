@@ -19,6 +19,7 @@ from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_lis
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
+from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 OVERRIDES_FILE = "verl/overrides.txt"
@@ -160,7 +161,7 @@ def _online_quantization(plan: Plan) -> str | None:
     """verl's `rollout.quantization`: None when rollout is wide, "fp8" when the contract's rollout is
     exactly verl's online block FP8, else PCC626."""
     layout, fp8 = rollout_layout(plan), tables()["online_fp8"]
-    if layout == "wide":
+    if not named(layout).quantized:
         return None
     path = next((d.path for d, idx in plan.used("rollout") if not d.scheme.wide), "rollout")
     spec = rollout_scheme(plan)

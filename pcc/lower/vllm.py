@@ -18,6 +18,7 @@ from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.server_script import Server, kv_cache_rule, quantized_rule, request_caveats, server_script
 from pcc.lower.settings import Setting, env, flag
 from pcc.plan import Plan
+from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_vllm.sh"
@@ -156,7 +157,7 @@ def lower_vllm(plan: Plan) -> Lowered:
 
     put("--dtype", "bfloat16")
     notes.append("--dtype bfloat16: the wide rollout operators are the contract's default bf16")
-    if layout != "wide":
+    if named(layout).quantized:
         method = tab["quantization"][layout]
         put("--quantization", method, quantized_rule(plan))
         guard = ("vLLM lets the checkpoint's own method override the flag" if method in tab["override_methods"]

@@ -19,6 +19,7 @@ from pcc.contract.scheme import PRESETS, lookup
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.models import Catalog
+from pcc.plan.layouts import Layout, layout_of
 from pcc.plan.patterns import NON_GEMM, Pattern, PatternError, parse_pattern
 from pcc.plan.tensors import nbytes, sync_size, tensor_targets
 
@@ -133,6 +134,13 @@ class Plan:
                 if d.gemm == "real" and d.recipe not in (None, "nvfp4"):
                     return d.recipe
         return None
+
+    @cached_property
+    def layouts(self) -> tuple[Layout | None, ...]:
+        """Per operator, its rollout checkpoint layout (pcc.plan.layouts), decided once here; None for
+        the KV cache and for a scheme no checkpoint layout stores."""
+        return tuple(None if op.family == "kv_cache" else layout_of(self.scheme("rollout", i))
+                     for i, op in enumerate(self.catalog.operators))
 
     @cached_property
     def rollout_tensors(self) -> list[dict | None]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pcc.lower.converter import tensor_targets
 from pcc.numerics import Quantized, geometry
 from pcc.numerics import formats as fm
 from pcc.numerics.packing import pack_e2m1x2
@@ -32,9 +31,9 @@ def static_targets(plan) -> dict[str, str]:
     for i, op in enumerate(plan.catalog.operators):
         if op.family == "kv_cache":
             continue
-        entry = tensor_targets(plan, i)
-        if entry["layout"] == "nvfp4":
-            out[op.tensor] = next(n for n in entry["targets"] if n.endswith(".input_scale"))
+        name = next((n for n in plan.rollout_tensors[i]["targets"] if n.endswith(".input_scale")), None)
+        if name is not None:
+            out[op.tensor] = name
     return out
 
 

@@ -165,7 +165,7 @@ def test_nan_in_a_later_piece_names_the_element(moe, tmp_path, capsys, monkeypat
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "int4"])
 def test_weights_quantized_in_row_pieces_give_the_same_bytes(fmt, tmp_path, monkeypatch):
     """A weight larger than PIECE_BYTES is quantized a piece of whole scale blocks at a time
-    (pcc.layout.tensors.rollout_tensors(rows=)); the checkpoint is the same bytes as in one go."""
+    (pcc.plan.encode.rollout_tensors(rows=)); the checkpoint is the same bytes as in one go."""
     src = tmp_path / "src"
     if fmt == "int4":
         make_checkpoint(src, "tiny_dense")
@@ -186,7 +186,7 @@ def test_weights_quantized_in_row_pieces_give_the_same_bytes(fmt, tmp_path, monk
 
 
 def test_a_piece_that_is_not_whole_blocks_is_refused():
-    from pcc.layout.tensors import piece_rows, rollout_tensors
+    from pcc.plan.encode import piece_rows, rollout_tensors
     from pcc.lower import compile_file
 
     import tempfile

@@ -1,46 +1,32 @@
-"""One operator's rollout tensors: the bytes `pcc convert` writes and the embedded runtime loads.
+"""One operator's rollout tensors from its source weight: the bytes `pcc convert` writes and the
+embedded runtime's sync builds live, in the layout the Plan holds for it (`Plan.layouts`).
 
-`rollout_tensors` is pure (no I/O), so a converter run and a live runtime that both call it
-hold byte-identical rollout weights.
+`rollout_tensors` is pure (no I/O), so a converter run and a live runtime that both call it hold
+byte-identical rollout weights; it sits in the plan stage, below both, so neither imports the
+other for it. It imports torch: nothing on `pcc check`'s path imports this module.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from pcc.lower.converter import tensor_targets
 from pcc.numerics import quantize, tensor_amax
-from pcc.numerics.packing import pack_e2m1x2, pack_int32x8
 from pcc.plan import Plan
-
-# ModelOpt NVFP4 needs a static activation scale, which weights alone do not give: this 1.0 is a
-# placeholder that `pcc convert` replaces with the source's or a calibrated scale (pcc.convert.calibration)
-# and otherwise counts as uncalibrated; the runtime's sync replaces it with its calibration.
-NVFP4_INPUT_SCALE = 1.0
 
 
 def piece_rows(plan: Plan, op_index: int) -> int | None:
     """Rows per piece in which operator `op_index`'s rollout tensors can be computed a piece at a
     time (`rollout_tensors(..., rows=)`), or None where a piece cannot be computed alone (MXFP4's
-    fused experts, wide operators). A piece is whole scale blocks and whole groups of 8 rows (INT4
-    zero points are packed 8 rows to a word); tensor scaling and NVFP4's global scale take the
-    whole weight's amax (`amax=`), computed over the pieces first."""
-    layout = tensor_targets(plan, op_index)["layout"]
-    grouping = plan.scheme("rollout", op_index).grouping_of("weight")
-    if layout == "fp8_tensor":
-        return 1
-    if layout not in ("fp8_block", "mxfp8", "int4", "nvfp4") or grouping.kind not in ("block", "group", "row"):
-        return None
-    return math.lcm(grouping.rows if grouping.kind == "block" else 1, 8)
+    fused experts, wide operators): its layout's `piece_rows`. Tensor scaling and NVFP4's global
+    scale take the whole weight's amax (`amax=`), computed over the pieces first."""
+    return plan.layouts[op_index].piece_rows(plan.scheme("rollout", op_index).grouping_of("weight"))
 
 
 def group_amax(plan: Plan, op_index: int, weight_of) -> torch.Tensor | None:
     """max |w| over operator `op_index`'s NVFP4 scale group (the fused projections that share one
     `weight_scale_2`, pcc.plan.tensors.scale_group), the amax its global scale is computed from;
     `weight_of(name)` is the tensor each member is quantized from. None without a group."""
-    group = tensor_targets(plan, op_index).get("scale_group")
+    group = plan.rollout_tensors[op_index].get("scale_group")
     if group is None:
         return None
     return torch.stack([tensor_amax(weight_of(m), m) for m in group]).amax()
@@ -61,8 +47,8 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor, rows: slice
     `out`: storage for the codes, as `pcc.numerics.quantize` takes it (the converter's recycled buffers).
     Raises ValueError naming the tensor for NaN/inf.
     """
-    entry = tensor_targets(plan, op_index)
-    layout, names = entry["layout"], list(entry["targets"])
+    entry, layout = plan.rollout_tensors[op_index], plan.layouts[op_index]
+    names = list(entry["targets"])
     op = plan.catalog.operators[op_index]
     want = tuple(op.shape) if rows is None else (rows.stop - rows.start,) + tuple(op.shape[1:])
     if tuple(tensor.shape) != want:
@@ -70,32 +56,17 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor, rows: slice
     if rows is not None:
         step = piece_rows(plan, op_index)
         if step is None or rows.start % step or (rows.stop % step and rows.stop != op.shape[0]):
-            raise ValueError(f"{op.tensor}: rows {rows.start}..{rows.stop} are not whole pieces of its {layout} layout")
-    if amax is None and layout in ("fp8_tensor", "nvfp4") and (rows is not None or "scale_group" in entry):
+            raise ValueError(f"{op.tensor}: rows {rows.start}..{rows.stop} are not whole pieces of its "
+                             f"{layout.name} layout")
+    if amax is None and layout.global_scale and (rows is not None or "scale_group" in entry):
         raise ValueError(f"{op.tensor}: its global scale needs the amax of "
                          + ("the whole weight" if "scale_group" not in entry else
                             "its fused group " + ", ".join(entry["scale_group"])))
-    if layout == "wide":
+    if not layout.quantized:
         return {names[0]: tensor}
     q = quantize(tensor, plan.scheme("rollout", op_index), role="weight", name=op.tensor,
-                 amax=amax if layout in ("fp8_tensor", "nvfp4") else None, out=out)
-    if layout in ("fp8_block", "fp8_tensor", "mxfp8"):
-        shape = entry["targets"][names[1]]["shape"]
-        return {names[0]: q.codes, names[1]: q.scales.reshape(shape if rows is None or not shape else (-1, *shape[1:]))}
-    if layout == "nvfp4":
-        codes = q.codes if q.scheme.packing else pack_e2m1x2(q.codes)
-        return {names[0]: codes, names[1]: q.scales,
-                names[2]: (torch.ones((), dtype=torch.float32) / q.outer_scale.float()).reshape(()),
-                names[3]: torch.full((), NVFP4_INPUT_SCALE, dtype=torch.float32)}
-    if layout == "mxfp4":
-        codes = q.codes if q.scheme.packing else pack_e2m1x2(q.codes)
-        n, k = op.shape
-        return {names[0]: codes.reshape(n, k // 32, 16), names[1]: q.scales.reshape(n, k // 32)}
-    codes = q.codes if q.scheme.packing else pack_int32x8(q.codes)  # int4, compressed-tensors
-    out = {names[0]: codes, names[1]: q.scales.float(), names[2]: torch.tensor(list(op.shape), dtype=torch.int64)}
-    if q.zero_point is not None:
-        out[names[3]] = pack_int32x8(q.zero_point, dim=0)
-    return out
+                 amax=amax if layout.global_scale else None, out=out)
+    return dict(zip(names, layout.encode(q, entry["targets"], tuple(op.shape), rows)))
 
 
 def place_fused(dst: torch.Tensor, piece: torch.Tensor, fuse: dict) -> None:
