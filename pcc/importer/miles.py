@@ -24,6 +24,8 @@ from pcc.importer.rules import family_patterns, select
 from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
 from pcc.importer.yamlsource import load, read_text
 from pcc.lower.engine_table import table
+from pcc.lower.miles import TRANSFER
+from pcc.lower.sglang import tables as sglang_tables
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
 
@@ -32,8 +34,10 @@ SCRIPTS = ("train.py", "train_async.py")
 _RAY = {"--address", "--runtime-env-json", "--runtime-env", "--working-dir", "--submission-id", "--entrypoint-num-cpus",
         "--entrypoint-num-gpus", "--entrypoint-resources", "--metadata-json", "--headers"}
 _TRUE = {"1", "true", "True", "yes"}
-_KV = {"fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
-_TRANSFER = {"broadcast": "broadcast", "p2p": "p2p", "disk-delta": "disk"}
+# SGLang's --kv-cache-dtype and Miles' --update-weight-transfer-mode back to the contract: the targets'
+# own tables read the other way (auto is no KV cache format of its own).
+_KV = {v: k for k, v in sglang_tables()["kv_cache_dtype"].items() if v != "auto"}
+_TRANSFER = {v: k for k, v in TRANSFER.items()}
 # Contract fields no Miles launch states: written as pcc's defaults, each reported once (PCC808).
 NOT_IN_A_LAUNCH = (
     ("rollout.max_tokens", "no Miles or SGLang flag of the launch bounds the generation length the contract plans for"),
