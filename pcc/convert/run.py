@@ -28,6 +28,7 @@ from pcc.convert.contract import load_plan
 from pcc.convert.destination import CHECKPOINT_MARK, check_destination, check_work, is_checkpoint
 from pcc.convert.shards import RECORDS, SHARD_HASH, ST_BYTES, ST_DTYPES, complete, plan_shards, ShardWriter
 from pcc.convert.source import INDEX, Source, open_source
+from pcc.lang.inputs import InputError, read_json
 from pcc.lower.converter import converter_plan
 from pcc.models.checkpoint import read_safetensors_header
 
@@ -189,7 +190,11 @@ def _job_id(doc: dict, src: Source, max_shard_bytes: int, scales: str) -> str:
 
 
 def _recorded(work: Path, shard) -> str:
-    return json.loads((work / shard.record).read_text(encoding="utf-8"))[SHARD_HASH]
+    """A resumed shard's digest, from the record `complete` accepted before this run wrote anything."""
+    try:
+        return read_json(work / shard.record, what="shard record")[SHARD_HASH]
+    except (InputError, KeyError, TypeError) as err:
+        raise ConvertError(f"{work / shard.record}: unreadable shard record ({err}); --force starts over") from None
 
 
 def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes: int, progress: bool,

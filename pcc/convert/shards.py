@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcc.convert import ConvertError
+from pcc.lang.inputs import InputError, read_json
 from pcc.lang.outputs import write_atomic
 
 ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64", "float8_e4m3fn": "F8_E4M3",
@@ -99,11 +100,11 @@ def file_digest(path: Path, algorithm: str = SHARD_HASH) -> str:
 def complete(root: Path, shard: Shard, job: str) -> bool:
     """Is this shard finished, by its record and the file's own hash (for --resume)?"""
     try:
-        rec = json.loads((root / shard.record).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        rec = read_json(root / shard.record, what="shard record")
+    except InputError:
         return False
     path = root / shard.file
-    return (rec.get("job") == job and path.is_file() and path.stat().st_size == shard.size
+    return (isinstance(rec, dict) and rec.get("job") == job and path.is_file() and path.stat().st_size == shard.size
             and rec.get(SHARD_HASH) == file_digest(path))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 import mmap
 import os
@@ -11,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcc.convert import ConvertError
+from pcc.lang.inputs import InputError, read_json
 from pcc.models.base import CatalogError
-from pcc.models.checkpoint import read_safetensors_header
+from pcc.models.checkpoint import MAX_JSON, read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13
@@ -232,22 +232,27 @@ class Source:
         return files
 
 
+def _json_object(path: Path, what: str) -> dict:
+    """A JSON object of the checkpoint, through pcc's one input layer (a regular file, bounded, strict)."""
+    try:
+        doc = read_json(path, MAX_JSON, what)
+    except InputError as err:
+        raise ConvertError(err.message) from None
+    if not isinstance(doc, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return doc
+
+
 def open_source(root: str | Path) -> Source:
     """Check every shard's header and length against its file, and the index against the shards."""
     root = Path(root)
     if not root.is_dir():
         raise ConvertError(f"{root}: not a checkpoint directory")
-    try:
-        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConvertError(f"{root}: missing config.json") from None
-    except (OSError, ValueError) as err:
-        raise ConvertError(f"{root / 'config.json'}: unreadable ({err})") from None
-    if (root / INDEX).is_file():
-        try:
-            weight_map = json.loads((root / INDEX).read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ConvertError(f"{root / INDEX}: unreadable index ({err})") from None
+    if not (root / "config.json").exists():
+        raise ConvertError(f"{root}: missing config.json")
+    config = _json_object(root / "config.json", "model config")
+    if (root / INDEX).exists():
+        weight_map = _json_object(root / INDEX, "checkpoint index").get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ConvertError(f"{root / INDEX}: weight_map must map each tensor name to a shard file name")
         files = sorted(set(weight_map.values()))

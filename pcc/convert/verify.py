@@ -11,13 +11,13 @@ given the source, one it carries must have been copied unchanged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pcc.convert.contract import config_of, load_plan
 from pcc.convert.destination import CHECKPOINT_MARK
 from pcc.convert.shards import ST_DTYPES, file_digest, hasher
 from pcc.convert.source import open_source
+from pcc.lang.inputs import InputError, read_json
 from pcc.lower.converter import converter_plan
 
 _WIDE = ("BF16", "F16", "F32")
@@ -82,19 +82,19 @@ def _shard_hashes(root: Path, out, report, findings: list) -> int:
     shard changed, replaced or truncated after conversion fails even without --full. Returns the number
     of shards checked; a checkpoint pcc did not write (no record) is a finding."""
     record = root / CHECKPOINT_MARK
-    if not record.is_file():
+    if not record.exists():
         findings.append({"family": "shards", "tensor": CHECKPOINT_MARK, "count": 1,
                          "message": f"no {CHECKPOINT_MARK}: not written by pcc convert, shard hashes not checked"})
         return 0
     try:
-        doc = json.loads(record.read_text(encoding="utf-8"))
+        doc = read_json(record, what="conversion record")
         shards, algorithm = doc["shards"], doc.get("shard_hash", "sha256")
         if not (isinstance(shards, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in shards.items())):
             raise TypeError("'shards' must map each shard file to its digest")
         if not isinstance(algorithm, str):
             raise TypeError("'shard_hash' must name the digest")
         hasher(algorithm)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (InputError, ValueError, KeyError, TypeError) as err:
         report("shards", CHECKPOINT_MARK, f"unreadable record of the shards ({err})", "PCC712")
         return 0
     present = set(out.where.values())

@@ -1,6 +1,6 @@
 """One way out for the files pcc writes itself (plans, formatted contracts, schemas, imported
-contracts, the converter's shard records, the runtime's checkpoints and plots): whole or not at
-all (docs/safety.md)."""
+contracts, the converter's shard records, the runtime's checkpoints, summaries and plots, validate's
+reports and the versions it installs): whole or not at all (docs/safety.md)."""
 
 from __future__ import annotations
 

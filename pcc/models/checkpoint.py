@@ -27,7 +27,7 @@ from pcc.models.shapes import KNOWN_MODEL_TYPES
 
 _INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100_000_000  # the safetensors format's own limit
-_MAX_JSON = 64 << 20  # DeepSeek-V3's index, the largest published, is about 9 MB
+MAX_JSON = 64 << 20  # DeepSeek-V3's index, the largest published, is about 9 MB
 
 
 def catalog_from_checkpoint(path: str | Path) -> Catalog:
@@ -213,7 +213,7 @@ def _read_json(root: Path, name: str) -> dict:
         raise CatalogError(f"{root}: missing {name}")
     inside(root, name)
     try:
-        data = read_json(path, _MAX_JSON, name)
+        data = read_json(path, MAX_JSON, name)
     except InputError as err:
         raise CatalogError(str(err), code=err.code) from None
     if not isinstance(data, dict):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 
 from pcc.contract.model import Contract, Rule, Scheme
 from pcc.contract.scheme import PRESETS, lookup
@@ -75,16 +77,26 @@ class Decision:
 @dataclass(frozen=True)
 class Plan:
     """The canonical, frozen result of resolution: one Decision per (component, operator), the
-    trainable set, and derived facts computed once (cached) for every consumer to read."""
+    trainable set, and derived facts computed once (cached) for every consumer to read. Every
+    consumer reads the same objects, so they are tuples and read-only mappings, copied at
+    construction: one consumer cannot change what the next one reads."""
 
     contract: Contract
     catalog: Catalog
-    rules: list[RuleRef]
-    schemes: dict[str, Scheme]
-    owner: dict[str, list[int]]  # component -> rule id per operator (DEFAULT: no rule)
-    trainable: list[int]  # operators that train (base or adapter)
-    decisions: dict[str, dict[int, Decision]]  # component -> rule id (or DEFAULT) -> Decision
+    rules: tuple[RuleRef, ...]
+    schemes: Mapping[str, Scheme]
+    owner: Mapping[str, tuple[int, ...]]  # component -> rule id per operator (DEFAULT: no rule)
+    trainable: tuple[int, ...]  # operators that train (base or adapter)
+    decisions: Mapping[str, Mapping[int, Decision]]  # component -> rule id (or DEFAULT) -> Decision
     smap: SourceMap = field(default_factory=SourceMap, compare=False)  # contract path -> span
+
+    def __post_init__(self):
+        freeze = {"rules": tuple(self.rules), "schemes": _readonly(self.schemes),
+                  "owner": _readonly({c: tuple(a) for c, a in self.owner.items()}),
+                  "trainable": tuple(self.trainable),
+                  "decisions": _readonly({c: _readonly(d) for c, d in self.decisions.items()})}
+        for name, value in freeze.items():
+            object.__setattr__(self, name, value)
 
     def decision(self, component: str, op: int) -> Decision:
         return self.decisions[component][self.owner[component][op]]
@@ -106,20 +118,20 @@ class Plan:
         return getattr(self.contract, section).hardware or self.contract.hardware
 
     @cached_property
-    def index(self) -> dict[str, int]:
+    def index(self) -> Mapping[str, int]:
         """Tensor name -> operator index."""
-        return {op.tensor: i for i, op in enumerate(self.catalog.operators)}
+        return _readonly({op.tensor: i for i, op in enumerate(self.catalog.operators)})
 
     @cached_property
-    def groups(self) -> dict[str, list[tuple[int, list[int]]]]:
-        """component -> [(rule id, operator indices)], rules in source order, default first."""
+    def groups(self) -> Mapping[str, tuple[tuple[int, tuple[int, ...]], ...]]:
+        """component -> ((rule id, operator indices), ...), rules in source order, default first."""
         out = {}
         for comp, owner in self.owner.items():
             by_rule: dict[int, list[int]] = defaultdict(list)
             for i, rid in enumerate(owner):
                 by_rule[rid].append(i)
-            out[comp] = sorted(by_rule.items())
-        return out
+            out[comp] = tuple((rid, tuple(idx)) for rid, idx in sorted(by_rule.items()))
+        return _readonly(out)
 
     @cached_property
     def params(self) -> int:
@@ -143,11 +155,11 @@ class Plan:
                      for i, op in enumerate(self.catalog.operators))
 
     @cached_property
-    def rollout_tensors(self) -> list[dict | None]:
+    def rollout_tensors(self) -> tuple[dict | None, ...]:
         """Per operator, its rollout checkpoint tensors (pcc.plan.tensors); None for the KV cache
         and for a scheme with no checkpoint layout (the targets report those)."""
-        return [None if op.family == "kv_cache" else tensor_targets(self, i)
-                for i, op in enumerate(self.catalog.operators)]
+        return tuple(None if op.family == "kv_cache" else tensor_targets(self, i)
+                     for i, op in enumerate(self.catalog.operators))
 
     @cached_property
     def rollout_bytes(self) -> int:
@@ -192,6 +204,11 @@ class Plan:
         ops = self.catalog.operators
         return any(not d.scheme.wide and any(ops[i].family != "kv_cache" for i in idx)
                    for d, idx in self.used(component))
+
+
+def _readonly(m: Mapping) -> Mapping:
+    """A read-only view of a private copy of `m`: the caller's dict cannot change it either."""
+    return MappingProxyType(dict(m))
 
 
 def _groups(catalog: Catalog) -> tuple[dict[tuple[str, int | None], list[int]], int]:

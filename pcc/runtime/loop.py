@@ -20,6 +20,7 @@ from safetensors.torch import load as load_bytes
 
 from pcc.lang.diagnostics import PccError
 from pcc.lang.inputs import InputError, read_bytes, read_json
+from pcc.lang.outputs import write_atomic
 
 from . import diagnostics as D
 from .checkpoint import save_tensors, write_json
@@ -310,10 +311,7 @@ class Run:
                     raise RunDirError(f"{metrics}:{n}: damaged; the run cannot be resumed") from None
                 if step < start:
                     self.history.append(m)
-        tmp = metrics.with_name(f".{metrics.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(x) + "\n" for x in self.history)
-        tmp.replace(metrics)
+        write_atomic(metrics, "".join(json.dumps(x) + "\n" for x in self.history))
 
     @staticmethod
     def _load(d: Path, rec) -> dict[str, torch.Tensor]:

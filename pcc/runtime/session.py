@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from pcc.lang.outputs import write_atomic
+
 from .checkpoint import save_model, save_tensors, write_json
 from .contract import ContractError
 from .loop import InjectedCrash, Run, RunConfig
@@ -99,7 +101,7 @@ def _execute(compiled, cfg: RunConfig, out: Path, ident: dict, resume: bool, plo
     summary["rollout_version"] = run.rollout.active.version
     summary["warm_start"] = {k: run.warm_info.get(k) for k in ("cached", "steps", "attempt", "held_out", "key")}
     write_json(out / "summary.json", summary)
-    (out / "summary.txt").write_text(render(summary) + "\n", encoding="utf-8")
+    write_atomic(out / "summary.txt", render(summary) + "\n")
     save_model(out / "model", run.trainer.weights() | run.arch.buffers(), compiled.plan.catalog.config)
     save_tensors(out / "rollout" / "model.safetensors", run.rollout.active.tensors,
                  {"version": str(run.rollout.active.version)})

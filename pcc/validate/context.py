@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from pcc.lang.inputs import read_json
+from pcc.lang.outputs import atomic_path, write_atomic
 from pcc.runtime.model import Arch
 from pcc.runtime.sync import convert_adapter, manifest
 from pcc.runtime.task import ReverseTask
@@ -73,7 +74,7 @@ class Context:
         from pcc.contract.io import export
 
         path = self.out / "contract.yaml"
-        path.write_text(export(self.plan.contract, "yaml"), encoding="utf-8")
+        write_atomic(path, export(self.plan.contract, "yaml"))
         return str(path)
 
     def checkpoint(self) -> Path:
@@ -184,9 +185,8 @@ def calibrate_checkpoint(plan, weights: dict[str, torch.Tensor], directory: Path
         if len(files) != 1:
             raise RuntimeError(f"{directory}: calibrating input scales needs a single-file checkpoint, got {files}")
         path = directory / files[0]
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file({**tensors, **want}, str(tmp), metadata={"format": "pt"})
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            save_file({**tensors, **want}, str(tmp), metadata={"format": "pt"})
     return {"operators": len(want), "replaced": wrote,
             "calibrated": {n: float(t) for n, t in list(want.items())[:4]}}
 

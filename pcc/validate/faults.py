@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from pcc.lang.diagnostics import PccError
+from pcc.lang.outputs import atomic_path
 
 FAULTS = {
     "scale_layout": (2, "the converter writes one operator's block scales in a per-row (or transposed) layout"),
@@ -57,7 +58,8 @@ def after_convert(ctx, directory) -> None:
         tensors[name] = s.t().contiguous()
     if tensors[name].shape == s.shape:
         raise FaultError(f"scale_layout: {name} {list(s.shape)} has no other layout of a different shape")
-    save_file(tensors, str(directory / next(iter(files))), metadata={"format": "pt"})
+    with atomic_path(directory / next(iter(files))) as tmp:  # the fault is the new layout, not half a file
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
 
 
 # -- level 3: the rollout kernel ------------------------------------------------------------

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from pcc.lang.outputs import atomic_path, write_atomic
+
 from .engine import EngineError, Version
 
 TIMEOUT = 120.0  # the total deadline of one request: connect, headers and the whole body
@@ -100,20 +102,22 @@ class HttpClient:
         d.mkdir(parents=True, exist_ok=True)
         if version.moves == "adapter":
             tensors = {f"base_model.model.{k}": v.contiguous() for k, v in version.tensors.items()}
-            save_file(tensors, str(d / "adapter_model.safetensors"))
+            with atomic_path(d / "adapter_model.safetensors") as tmp:
+                save_file(tensors, str(tmp))
             c = self.plan.contract.trainable
             mods = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in version.tensors})
-            (d / "adapter_config.json").write_text(json.dumps({
+            write_atomic(d / "adapter_config.json", json.dumps({
                 "peft_type": "LORA", "r": c.rank, "lora_alpha": c.alpha or c.rank, "target_modules": mods,
                 "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}))
         else:
-            save_file({k: v.contiguous() for k, v in version.tensors.items()}, str(d / "model.safetensors"))
+            with atomic_path(d / "model.safetensors") as tmp:
+                save_file({k: v.contiguous() for k, v in version.tensors.items()}, str(tmp))
             config = {k: v for k, v in self.plan.catalog.config.items() if not k.startswith("_")}
             qc = converter_plan(self.plan)["quantization_config"]
             if qc is not None:
                 config["quantization_config"] = qc
-            (d / "config.json").write_text(json.dumps(config, indent=1))
-        (d / "pcc_manifest.json").write_text(json.dumps(version.manifest))
+            write_atomic(d / "config.json", json.dumps(config, indent=1))
+        write_atomic(d / "pcc_manifest.json", json.dumps(version.manifest))
         self.installed[version.version] = (version, d)
 
     def _installed(self, version: int) -> tuple[Version, Path]:

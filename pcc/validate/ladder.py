@@ -9,6 +9,8 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pcc.lang.outputs import write_atomic
+
 from . import expect, faults as F
 from .context import Context, ValidateConfig
 from .levels import Outcome, l1_contract, l2_converter, l3_operator, l4_scoring, l5_routes, l6_update, l7_step, l8_run
@@ -80,7 +82,7 @@ def _claim(out: Path) -> None:
                           "writes only into a new, empty or earlier validation directory: choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / MARKER).write_text("pcc validate run directory\n", encoding="utf-8")
+        write_atomic(out / MARKER, "pcc validate run directory\n")
     except OSError as exc:
         raise RunDirError(f"{exc.filename or out}: cannot write: {exc.strerror}", "PCC709") from None
 
@@ -142,8 +144,5 @@ def _finish(target, engine, model, out: Path, results: list[LevelResult], doc: d
 
         report["plots"] = plot(report, out)
     write_json(out / "report.json", report)
-    text = markdown(report)
-    tmp = out / ".report.md.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out / "report.md")
+    write_atomic(out / "report.md", markdown(report))
     return report

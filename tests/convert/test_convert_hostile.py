@@ -270,3 +270,65 @@ def test_bundle_checked_against_its_manifest(moe, tmp_path, capsys):
     assert code == 1 and diags[0]["code"] == "PCC706" and not (tmp_path / "dst2").exists()
     code, diags = _json(capsys, ["verify-checkpoint", str(bundle), str(dst)])
     assert code == 1 and diags[0]["code"] == "PCC706" and "contract.prec" in diags[0]["message"]
+
+
+def _truncated(path):
+    path.write_text(path.read_text()[:-7])
+
+
+def _fifo(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _huge(path):
+    with path.open("r+b") as fh:  # sparse: over the limit by its stated size, nothing read
+        fh.truncate(65 << 20)
+
+
+HOSTILE = pytest.mark.parametrize("spoil,words", [
+    (_truncated, "not valid JSON"), (_fifo, "a FIFO, not a regular file"), (_huge, r"over the \d+ MiB limit")],
+    ids=["truncated", "fifo", "huge"])
+
+
+@HOSTILE
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_a_hostile_source_json_is_a_coded_refusal(moe, tmp_path, capsys, spoil, words, name):
+    """The checkpoint's config and index go through pcc's one bounded reader (pcc.lang.inputs): a FIFO
+    never hangs the conversion and a huge file is never read; each is one PCC702 line, no traceback."""
+    src, contract = moe
+    spoil(src / name)
+    code, diags = _convert(capsys, src, contract, tmp_path / "dst")
+    assert code == 1 and not (tmp_path / "dst").exists()
+    assert len(diags) == 1 and diags[0]["code"] == "PCC702" and name in diags[0]["message"], diags
+    assert re.search(words, diags[0]["message"]) and "Traceback" not in capsys.readouterr().err
+
+
+@HOSTILE
+def test_a_hostile_conversion_record_fails_verify(moe, tmp_path, capsys, spoil, words):
+    src, contract = moe
+    dst = tmp_path / "dst"
+    assert _convert(capsys, src, contract, dst)[0] == 0
+    spoil(dst / "pcc_convert.json")
+    code, diags = _json(capsys, ["verify-checkpoint", str(contract), str(dst)])
+    assert code == 1 and [d["code"] for d in diags if d["severity"] == "error"] == ["PCC712"], diags
+    assert "unreadable record of the shards" in diags[0]["message"] and re.search(words, diags[0]["message"])
+
+
+@HOSTILE
+def test_a_hostile_shard_record_is_redone_on_resume_or_refused(tmp_path, spoil, words):
+    """--resume trusts a shard only on a record it can read (else it writes the shard again); a record
+    that turns hostile after that is a coded refusal, not a traceback."""
+    from pcc.convert import ConvertError
+    from pcc.convert.run import _recorded
+    from pcc.convert.shards import RECORDS, Shard, complete
+
+    shard = Shard("model.safetensors", [], b"", 8)
+    (tmp_path / shard.file).write_bytes(bytes(8))
+    (tmp_path / RECORDS).mkdir()
+    (tmp_path / shard.record).write_text(json.dumps({"job": "j", "blake3": "0" * 64, "file": shard.file}))
+    spoil(tmp_path / shard.record)
+    assert not complete(tmp_path, shard, "j")
+    with pytest.raises(ConvertError, match=words) as err:
+        _recorded(tmp_path, shard)
+    assert err.value.code == "PCC702"

@@ -79,3 +79,70 @@ def test_plots_are_written_as_png_through_a_temporary(tmp_path):
     assert "reward.png" in written
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+# Modules that write files other than through pcc.lang.outputs, and why each is whole anyway. A new
+# writer fails `test_every_file_pcc_writes_goes_through_one_writer` until it uses atomic_path or is here;
+# an entry whose module no longer writes fails too.
+OWN_WRITERS = {
+    "pcc/lang/outputs.py": "the one writer itself",
+    "pcc/bundle/__init__.py": "a bundle is written into a staging directory renamed into place whole",
+    "pcc/convert/run.py": "side files and records go into the staging directory, renamed into place whole",
+    "pcc/convert/adapter.py": "the adapter is written into a staging directory renamed into place whole",
+    "pcc/convert/shards.py": "shards stream (O_DIRECT) into the staging directory; each has a completion "
+                             "record --resume checks against the file's own hash",
+    "pcc/runtime/loop.py": "metrics.jsonl is an append-only log; resume drops a line cut by a crash",
+}
+_WRITES = {"write_text", "write_bytes", "rename", "mkstemp", "NamedTemporaryFile", "save_file", "savefig",
+           "copyfile", "copy", "copy2"}
+
+
+def _writes(tree):
+    """(line, what) of every call in `tree` that writes a file, outside a `with atomic_path(...)` block."""
+    import ast
+
+    def name(call):
+        f = call.func
+        return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+    def mode(call):
+        for node in call.args[1:2] if name(call) == "open" and isinstance(call.func, ast.Name) else call.args[:1]:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+        return next((k.value.value for k in call.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)),
+                    "r")
+
+    out = []
+
+    def visit(node, atomic):
+        if isinstance(node, ast.With) and any(isinstance(i.context_expr, ast.Call)
+                                              and name(i.context_expr) == "atomic_path" for i in node.items):
+            atomic = True
+        if isinstance(node, ast.Call) and not atomic:
+            n = name(node)
+            devnull = node.args and ast.unparse(node.args[0]) == "os.devnull"
+            if (n in _WRITES or (n == "open" and set(mode(node)) & set("wax") and not devnull)
+                    or (n == "replace" and (len(node.args) == 1 and not node.keywords  # Path.replace
+                                            or ast.unparse(node.func) == "os.replace"))):
+                out.append((node.lineno, n))
+        for child in ast.iter_child_nodes(node):
+            visit(child, atomic)
+
+    visit(tree, False)
+    return out
+
+
+def test_every_file_pcc_writes_goes_through_one_writer():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = {}
+    for path in sorted((root / "pcc").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        hits = _writes(ast.parse(path.read_text(encoding="utf-8")))
+        if hits:
+            found[rel] = hits
+    stray = {rel: hits for rel, hits in found.items() if rel not in OWN_WRITERS}
+    assert not stray, f"write through pcc.lang.outputs.atomic_path/write_atomic (or list the module, and why): {stray}"
+    assert not set(OWN_WRITERS) - set(found), "listed as writing, but no longer writes: " + str(set(OWN_WRITERS) - set(found))

@@ -1,6 +1,7 @@
 """Derived facts are computed once on the Plan and every report reads them: explain, the converter
 plan and diff give the same byte counts (the issue: 21,126,153,216 vs 21,126,223,872 B)."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from pcc.diff import diff
 from pcc.lower import compile_file, lower
+from pcc.plan.dump import plan_json
 from pcc.plan.explain import explain
 from pcc.plan.tensors import nbytes
 
@@ -48,3 +50,32 @@ def test_decisions_are_shared_per_rule_and_carry_the_rule():
     assert d.rule is not None and plan.smap.find(d.path).line > 0
     router = next(i for i, op in enumerate(ops) if op.family == "router")
     assert plan.decision("fprop", router).gemm == "wide"
+
+
+def test_the_plan_cannot_be_changed_by_a_consumer():
+    """Every consumer reads the same Plan: its fields and shared facts refuse mutation, and the caller's
+    own lists and dicts passed at construction are copied, so changing them later changes nothing."""
+    plan = compile_file(str(ROOT / "contracts" / "qwen38_nvfp4_lora.prec")).plan
+    before = plan_json(plan)
+    attempts = [
+        lambda: plan.rules.append(plan.rules[0]),
+        lambda: plan.trainable.append(0),
+        lambda: plan.schemes.__setitem__("bf16", None),
+        lambda: plan.owner.__setitem__("rollout", []),
+        lambda: plan.owner["rollout"].__setitem__(0, 0),
+        lambda: plan.decisions["rollout"].pop(-1),
+        lambda: plan.index.__setitem__("x", 0),
+        lambda: plan.groups["rollout"].append((0, ())),
+        lambda: plan.groups["rollout"][0][1].append(0),
+        lambda: plan.rollout_tensors.__setitem__(0, None),
+        lambda: plan.layouts.__setitem__(0, None),
+        lambda: setattr(plan, "trainable", []),
+    ]
+    for attempt in attempts:
+        with pytest.raises((TypeError, AttributeError)):
+            attempt()
+    owner = {c: list(a) for c, a in plan.owner.items()}
+    copy = dataclasses.replace(plan, owner=owner)
+    owner["rollout"][0] = 12345
+    assert copy.owner["rollout"][0] == plan.owner["rollout"][0] != 12345
+    assert plan_json(copy) == plan_json(plan) == before

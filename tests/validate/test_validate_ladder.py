@@ -71,3 +71,30 @@ def test_levels_parse():
     for bad in ("0-3", "x", "5-2", "1-10"):
         with pytest.raises(ValueError):
             parse_levels(bad)
+
+
+@pytest.mark.parametrize("name", [".pcc-validate", "report.md"])
+def test_a_marker_or_report_write_cut_short_leaves_no_half_file(tmp_path, monkeypatch, name):
+    """The run directory's marker and report.md go through pcc.lang.outputs: whole or absent, no
+    temporary beside them (a full disk at the marker is PCC709)."""
+    import os
+
+    from pcc.runtime.rundir import RunDirError
+
+    real = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(dst) == name:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    if name == "report.md":
+        with pytest.raises(OSError, match="No space left"):
+            run(tmp_path, levels="1", plots=False)
+        assert (tmp_path / "report.json").exists()
+    else:
+        with pytest.raises(RunDirError) as err:
+            run(tmp_path, levels="1", plots=False)
+        assert err.value.code == "PCC709"
+    assert not (tmp_path / name).exists() and not list(tmp_path.glob(f".{name}.*"))
