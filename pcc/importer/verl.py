@@ -217,6 +217,7 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
                  "does not import it here (import it with 'pcc import checkpoint')", f"{R}.quantization_config_file",
                  span=v.span(f"{R}.quantization_config_file"))
     kwargs = v.under(f"{R}.engine_kwargs.{name}")
+    _engine_kwargs(imp, name, kwargs)
     kv = kwargs.get("kv_cache_dtype")
     if kv is not None and kv.value not in (None, "auto", "bfloat16", "bf16"):
         kinds = _kv_formats(name)
@@ -250,6 +251,19 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
     if v.get(f"{R}.dtype") not in ("bfloat16", "bf16"):
         imp.warn("PCC804", f"rollout.dtype {v.get(f'{R}.dtype')}: the contract's wide operators are bf16", f"{R}.dtype",
                  span=v.span(f"{R}.dtype"))
+
+
+def _engine_kwargs(imp: Imported, engine: str, kwargs: dict[str, Entry]) -> None:
+    """verl passes engine_kwargs.<engine> to the engine's own parser (vLLM's CLI arguments, SGLang's
+    ServerArgs): each name is checked against the engine's table (PCC810), as the engine refuses it."""
+    flags = table(engine)
+    options = sorted(o[2:].replace("-", "_") for o in flags.flags)
+    for k, e in kwargs.items():
+        if e.value is not None and flags.spec("--" + k.replace("_", "-")) is None:
+            near = difflib.get_close_matches(k, options, 1)
+            imp.warn("PCC810", f"engine_kwargs.{engine}.{k}: {engine} has no such argument (verl passes engine_kwargs "
+                     f"to {engine}'s own arguments, which refuse it)", f"{R}.engine_kwargs.{engine}.{k}", span=e.span,
+                     hint=f"did you mean {near[0]}?" if near else None)
 
 
 def _kv_formats(engine: str) -> dict[str, str]:

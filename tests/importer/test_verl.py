@@ -582,3 +582,15 @@ def test_precision_aware_optimizer_through_override_optimizer_config(tmp_path):
         "\\\n    actor_rollout_ref.actor.optim.override"))
     imp = import_source("verl", str(src), "qwen3_8b", "H100")
     assert imp.contract["trainer"]["optimizer"]["precision_aware"] is False  # the override wins
+
+
+def test_engine_kwargs_are_checked_against_the_rollout_engines_table(tmp_path):
+    """verl hands engine_kwargs.vllm to vLLM's own arguments: a name vLLM's parser lacks is PCC810 with the nearest."""
+    src = tmp_path / "run.sh"
+    src.write_text(MEGATRON_SCRIPT + "    +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=fp8 \\\n"
+                   "    +actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_cachin=true\n")
+    src.write_text(src.read_text().replace("=True\n", "=True \\\n"))
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    (typo,) = [d for d in imp.diagnostics if d.code == "PCC810"]
+    assert typo.path.endswith("engine_kwargs.vllm.enable_prefix_cachin") and "enable_prefix_caching" in typo.hint
+    assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e4m3"} in imp.contract["rollout"]["rules"]
