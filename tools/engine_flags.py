@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""Regenerate targets/sglang_flags.json: SGLang's server flags, from SGLang's own parser.
+"""Regenerate the engine tables pcc lowers through and imports through (pcc/lower/engine_table.py),
+each from the engine's own definitions:
 
-The engine table pcc lowers through and imports through (pcc/lower/engine_table.py): every flag
-`python -m sglang.launch_server` takes, built by calling the pinned SGLang's ServerArgs.add_cli_args
-(requirements/sglang.txt; bash requirements/install-engines.sh installs it). Each flag, keyed by its
-first option string: "dest", "aliases" (its other option strings), "nargs" (0 for a switch, 1 for one
-value, "?", "+", "*"), "type" (int, float, str, or the converter's name), "choices" (a list or null)
-and "default" (JSON's form of it; a value JSON cannot hold is written as its repr). Usage:
+- targets/sglang_flags.json: every flag `python -m sglang.launch_server` takes, from the pinned
+  SGLang's ServerArgs.add_cli_args (requirements/sglang.txt, installed beside pcc);
+- targets/vllm_flags.json: every flag `vllm serve` takes, from vLLM's AsyncEngineArgs.add_cli_args
+  (requirements/vllm.txt), with --quantization's choices from vLLM's QUANTIZATION_METHODS (vLLM checks
+  them in ModelConfig, not in argparse);
+- targets/verl_keys.json: every key of the Hydra configs verl's main_ppo composes (ppo_trainer,
+  ppo_megatron_trainer) with its default as the YAML writes it (interpolations unresolved) and its type.
 
-    python tools/engine_flags.py [-o targets/sglang_flags.json] [--check]
+A flag, keyed by its first option string: "dest", "aliases" (its other option strings), "nargs" (0 for a
+switch, 1 for one value, "?", "+", "*"), "type" (int, float, str, or the converter's name; an optional
+type's inner one), "choices" (a list or null) and "default" (JSON's form of it; a value JSON cannot hold
+is written as its repr). A verl key: "default" and "type" (bool, int, float, str, list, dict; null when
+the default is null or an interpolation). vLLM and verl live in side folders (requirements/install-
+engines.sh; their requirements would replace pcc's torch and transformers), so they are read in a child
+process with the folder on sys.path; this process never imports them. Usage:
 
---check exits 1 when the file differs from what the installed SGLang gives (CI runs it as a test:
+    python tools/engine_flags.py [ENGINE ...] [--check]
+
+--check exits 1 when a file differs from what the installed engine gives (CI runs it as a test:
 tests/lower/test_engine_table.py).
 """
 
@@ -18,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "targets" / "sglang_flags.json"
 SWITCH_ACTIONS = ("_StoreTrueAction", "_StoreFalseAction", "_StoreConstAction", "_CountAction",
                   "BooleanOptionalAction")
+VERL_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 
 
 def _json(value):
@@ -33,6 +45,16 @@ def _json(value):
         return value
     except TypeError:
         return repr(value)
+
+
+def _type_name(t) -> str | None:
+    """The converter's name; vLLM's optional_type(int) is named by what it converts to."""
+    if t is None:
+        return None
+    name = getattr(t, "__name__", None)
+    if name == "_optional_type" and t.__closure__:
+        return getattr(t.__closure__[0].cell_contents, "__name__", name)
+    return name
 
 
 def flag_table(parser: argparse.ArgumentParser) -> dict:
@@ -45,7 +67,7 @@ def flag_table(parser: argparse.ArgumentParser) -> dict:
         out[a.option_strings[0]] = {
             "dest": a.dest, "aliases": a.option_strings[1:],
             "nargs": 0 if kind in SWITCH_ACTIONS else 1 if a.nargs is None else a.nargs,
-            "type": getattr(a.type, "__name__", None) if a.type is not None else None,
+            "type": _type_name(a.type),
             "choices": sorted(map(str, a.choices)) if a.choices is not None else None,
             "default": _json(a.default)}
     return dict(sorted(out.items()))
@@ -62,19 +84,102 @@ def sglang() -> dict:
             "source": f"sglang {sglang.__version__}", "flags": flag_table(parser)}
 
 
+def _side(engine: str, env_var: str) -> dict:
+    """The engine's table, built by this script in a child with the engine's side folder on sys.path."""
+    where = os.environ.get(env_var) or str(Path(sys.prefix) / "engines" / engine)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, __file__, "--child", engine, where], capture_output=True, text=True,
+                          env=env, timeout=600)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"{engine}'s table could not be read from {where} (exit {proc.returncode}): "
+                         f"{proc.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def _vllm_child() -> dict:
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    flags = flag_table(AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="vllm serve")))
+    flags["--quantization"]["choices"] = sorted(QUANTIZATION_METHODS)
+    return {"_about": "vLLM's engine flags (`vllm serve`), generated by tools/engine_flags.py from vLLM's own "
+                      "parser (AsyncEngineArgs.add_cli_args; --quantization's choices: QUANTIZATION_METHODS); "
+                      "do not edit.",
+            "source": f"vllm {vllm.__version__}", "flags": flags}
+
+
+def _verl_child(where: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    package = os.path.join(where, "verl")  # verl's YAMLs, composed without importing verl (torch: seconds)
+    configs = {}
+    for name in VERL_CONFIGS:
+        with initialize_config_dir(config_dir=os.path.join(package, "trainer", "config"), version_base=None):
+            tree = OmegaConf.to_container(compose(config_name=name), resolve=False)
+        keys: dict = {}
+
+        def walk(node, path: str) -> None:
+            if isinstance(node, dict) and node:
+                for k, v in node.items():
+                    walk(v, f"{path}.{k}" if path else str(k))
+                return
+            free = node is None or (isinstance(node, str) and "${" in node)
+            keys[path] = {"default": _json(node), "type": None if free else type(node).__name__}
+
+        walk(tree, "")
+        configs[name] = dict(sorted(keys.items()))
+    with open(os.path.join(package, "version", "version"), encoding="utf-8") as fh:
+        version = fh.read().strip()
+    return {"_about": "verl's Hydra keys, generated by tools/engine_flags.py from the configs verl's main_ppo "
+                      "composes (verl/trainer/config); do not edit.",
+            "source": f"verl {version}", "configs": configs}
+
+
+def vllm() -> dict:
+    return _side("vllm", "PCC_VLLM_DIR")
+
+
+def verl() -> dict:
+    return _side("verl", "PCC_VERL_DIR")
+
+
+TABLES = {"sglang": ("sglang_flags.json", sglang), "vllm": ("vllm_flags.json", vllm),
+          "verl": ("verl_keys.json", verl)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-o", "--out", default=str(OUT))
-    ap.add_argument("--check", action="store_true", help="exit 1 when the file differs from the parser's table")
+    ap.add_argument("engines", nargs="*", help=f"the tables to write: {', '.join(TABLES)} (default: all)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a file differs from the engine's table")
+    ap.add_argument("--child", nargs=2, metavar=("ENGINE", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    text = json.dumps(sglang(), indent=1, sort_keys=True) + "\n"
-    if args.check:
-        same = Path(args.out).read_text(encoding="utf-8") == text
-        print(f"{args.out}: {'up to date' if same else 'differs from the installed SGLang: regenerate it'}")
-        return 0 if same else 1
-    Path(args.out).write_text(text, encoding="utf-8")
-    print(f"{args.out}: {len(json.loads(text)['flags'])} flags")
-    return 0
+    if set(args.engines) - set(TABLES):
+        ap.error(f"no table for {', '.join(sorted(set(args.engines) - set(TABLES)))}")
+    if args.child:
+        engine, where = args.child
+        sys.path.append(where)
+        doc = _vllm_child() if engine == "vllm" else _verl_child(where)
+        sys.stdout.write("\n" + json.dumps(doc) + "\n")
+        return 0
+    status = 0
+    for engine in args.engines or TABLES:
+        name, build = TABLES[engine]
+        out = ROOT / "targets" / name
+        doc = build()
+        text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+        if args.check:
+            same = out.is_file() and out.read_text(encoding="utf-8") == text
+            print(f"{out}: {'up to date' if same else f'differs from the installed {engine}: regenerate it'}")
+            status |= not same
+        else:
+            out.write_text(text, encoding="utf-8")
+            n = len(doc["flags"]) if "flags" in doc else sum(map(len, doc["configs"].values()))
+            print(f"{out}: {n} {'flags' if 'flags' in doc else 'keys'}")
+    return status
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ pcc.lower.verl writes (verl_source.py reads them). What each key means is verl's
 its Megatron precision (override_transformer_config fp8/fp8_recipe/fp4/fp4_recipe/fp8_param, read
 through the Miles importer's trainer rules), the rollout engine, its online quantization and KV
 cache dtype, parallelism, LoRA, algorithm.rollout_correction, router replay, the v1 trainer's
-async mode, and the Ray runtime_env. Every key is checked against verl's composed config (PCC810);
+async mode, and the Ray runtime_env. Every key is checked against verl's composed config, its engine
+table (pcc.lower.engine_table; a key the job leaves unset reads verl's default from it) (PCC810);
 a key that carries precision and that pcc does not map is PCC807.
 """
 
@@ -24,48 +25,19 @@ from pcc.importer.miles import Flags, lora_targets, read_expectations, trainer_r
 from pcc.importer.rules import family_patterns
 from pcc.importer.te import BLOCK_FP32_ENV
 from pcc.importer.verl_source import Entry, Job, read_job
+from pcc.lower.engine_table import table
+from pcc.lower.verl import tables
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
+from pcc.resources import target_table
 
 A, R, M = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.model"
 MEGA = f"{A}.megatron"
 TC = f"{MEGA}.override_transformer_config"
 CORR = "algorithm.rollout_correction"
 ENV = "ray_kwargs.ray_init.runtime_env.env_vars"
-# verl 0.9.1's defaults for the keys read here (the composed ppo_trainer / ppo_megatron_trainer;
-# tests/importer/test_verl.py checks each against verl's own composed config).
-_BASE = {
-    f"{R}.tensor_model_parallel_size": 2, f"{R}.data_parallel_size": 1, f"{R}.expert_parallel_size": 1,
-    f"{R}.pipeline_model_parallel_size": 1, f"{R}.quantization": None, f"{R}.quantization_config_file": None,
-    f"{R}.dtype": "bfloat16", f"{R}.calculate_log_probs": True, f"{R}.full_determinism": False,
-    f"{R}.enable_rollout_routing_replay": False, "data.max_response_length": 512,
-    f"{MEGA}.tensor_model_parallel_size": 1, f"{MEGA}.pipeline_model_parallel_size": 1,
-    f"{MEGA}.expert_model_parallel_size": 1, f"{MEGA}.use_distributed_optimizer": True, f"{MEGA}.dtype": "bfloat16",
-    f"{MEGA}.router_replay.mode": "disabled", f"{MEGA}.optimizer_offload": False,
-    f"{A}.optim.optimizer": "adam", f"{A}.optim.use_precision_aware_optimizer": False,
-    f"{A}.optim.main_grads_dtype": "fp32", f"{A}.optim.exp_avg_dtype": "fp32", f"{A}.optim.exp_avg_sq_dtype": "fp32",
-    f"{A}.fsdp_config.dtype": "bfloat16", f"{A}.fsdp_config.model_dtype": "fp32", f"{A}.fsdp_config.optimizer_offload": False,
-    f"{M}.lora.rank": 0, f"{M}.lora.alpha": 32, f"{M}.lora.dropout": 0.0, f"{M}.lora.merge": False,
-    f"{M}.lora.target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-    f"{M}.lora_rank": 0, f"{M}.lora_alpha": 16, f"{M}.target_modules": "all-linear",
-    f"{CORR}.rollout_is": None, f"{CORR}.rollout_is_threshold": 2.0, f"{CORR}.rollout_rs": None,
-    f"{CORR}.bypass_mode": False, f"{CORR}.rollout_is_batch_normalize": False,
-    "trainer.use_v1": True, "trainer.v1.trainer_mode": "sync", "trainer.v1.sampler.max_off_policy_threshold": 8,
-    "trainer.v1.separate_async.parameter_sync_step": 4,
-}
-_MEGATRON_ONLY = (f"{MEGA}.", f"{M}.lora.", f"{A}.optim.use_precision_aware_optimizer", f"{A}.optim.main_grads_dtype",
-                  f"{A}.optim.exp_avg")
-DEFAULTS = {k: v for k, v in _BASE.items() if not k.startswith(f"{A}.fsdp_config.")}  # ppo_megatron_trainer
-FSDP_DEFAULTS = {k: v for k, v in _BASE.items() if not k.startswith(_MEGATRON_ONLY)} | {
-    f"{A}.optim.optimizer": "AdamW"}  # ppo_trainer (FSDPOptimizerConfig)
-# override_transformer_config key -> the Megatron flag the trainer rules read (the inverse of
-# targets/verl.yaml megatron_args), for TransformerConfig fields pcc states.
-_TC_FLAGS = {"fp8": "--fp8-format", "fp8_recipe": "--fp8-recipe", "fp4": "--fp4-format", "fp4_recipe": "--fp4-recipe",
-             "first_last_layers_bf16": "--first-last-layers-bf16",
-             "num_layers_at_start_in_bf16": "--num-layers-at-start-in-bf16",
-             "num_layers_at_end_in_bf16": "--num-layers-at-end-in-bf16"}
+# verl's dtype spellings (PrecisionType) -> pcc's.
 _DTYPE = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "float32": "fp32", "fp32": "fp32"}
-_KV = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "nvfp4": "nvfp4", "mxfp8": "mxfp8"}
 # A key carries precision when a dotted part names a format, a dtype or quantization.
 PRECISION = re.compile(r"fp8|fp4|fp16|bf16|fp32|int4|int8|dtype|precision|quant|qat|amax|kv_cache")
 # Free-form maps of verl's config (any key is passed on): override_* dicts, *kwargs, env vars.
@@ -81,19 +53,20 @@ NOT_IN_A_JOB = (
 
 
 class _View:
-    """The job's value for a key, else verl's default; which keys the import has read."""
+    """The job's value for a key, else the default of verl's config (its engine table) once the import
+    knows which config the job composes; which keys the import has read."""
 
     def __init__(self, job: Job):
-        self.job, self.read, self.defaults = job, set(), DEFAULTS
+        self.job, self.read, self.config = job, set(), None
 
     def entry(self, key: str) -> Entry | None:
         self.read.add(key)
         e = self.job.entries.get(key)
         return None if e is None or e.op == "delete" else e
 
-    def get(self, key: str, default=None):
+    def get(self, key: str):
         e = self.entry(key)
-        return e.value if e is not None else self.defaults.get(key, default)
+        return e.value if e is not None else table("verl").default(key, self.config) if self.config else None
 
     def span(self, key: str):
         e = self.job.entries.get(key)
@@ -116,10 +89,10 @@ def _parallel(imp, v, prefix: str, keys) -> dict:
     return {key: n for key, n in sizes.items() if n is not None and n != 1}
 
 
-def _typed(imp: Imported, v: _View, key: str, kind, default=None):
+def _typed(imp: Imported, v: _View, key: str, kind):
     """The key's value as `kind`; a string OmegaConf would convert for a typed field ("4", "true")
     is converted, anything else is PCC801 at its position."""
-    value = v.get(key, default)
+    value = v.get(key)
     if isinstance(value, str) and kind is int and re.fullmatch(r"[+-]?\d+", value.strip()):
         return int(value)
     if isinstance(value, str) and kind is bool and value.strip().lower() in ("true", "false"):
@@ -146,14 +119,14 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
     v = _View(job)
     imp = Imported({"name": contract_name(source), "framework": "verl"}, source=job.file)
     megatron = _strategy(imp, v)
-    v.defaults = DEFAULTS if megatron else FSDP_DEFAULTS
+    v.config = tables()["config_name"]["megatron" if megatron else "fsdp"]
     catalog, ref = load_model(model, _model_dir(v))
     imp.contract["model"] = ref
     env = _env(imp, v)
     _rollout(imp, v, catalog)
     _trainer(imp, v, catalog, megatron, env)
     _objective(imp, v, catalog, megatron)
-    _check_keys(imp, v, "ppo_megatron_trainer" if megatron else "ppo_trainer")
+    _check_keys(imp, v)
     bundle = Path(source) / "validate" / "expectations.yaml"
     read_expectations(imp, bundle if bundle.is_file() else None)  # a pcc bundle's, as the Miles import reads it
     for path, why in NOT_IN_A_JOB:
@@ -170,12 +143,14 @@ def _model_dir(v: _View) -> str | None:
 
 
 def _strategy(imp: Imported, v: _View) -> bool:
-    """True for the Megatron actor: --config-name ppo_megatron_trainer, model_engine=megatron, or
-    actor.strategy megatron; a Megatron key under the FSDP config is refused by Hydra too."""
+    """True for the Megatron actor: --config-name ppo_megatron_trainer (with or without .yaml),
+    model_engine=megatron, or actor.strategy megatron; a Megatron key under the FSDP config is refused by
+    Hydra too."""
     job = v.job
     engine = v.get("model_engine")
     strategy = v.get(f"{A}.strategy")
-    megatron = job.config == "ppo_megatron_trainer" or engine == "megatron" or strategy == "megatron"
+    megatron = (table("verl").config(job.config) == tables()["config_name"]["megatron"] or engine == "megatron"
+                or strategy == "megatron")
     if job.config is None and engine is None and strategy is None:
         megatron = any(k.startswith(MEGA + ".") for k in job.entries)
         imp.warn("PCC808", f"the job does not name its config (--config-name); read as "
@@ -242,13 +217,15 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
                  "does not import it here (import it with 'pcc import checkpoint')", f"{R}.quantization_config_file",
                  span=v.span(f"{R}.quantization_config_file"))
     kwargs = v.under(f"{R}.engine_kwargs.{name}")
+    _engine_kwargs(imp, name, kwargs)
     kv = kwargs.get("kv_cache_dtype")
     if kv is not None and kv.value not in (None, "auto", "bfloat16", "bf16"):
-        if not isinstance(kv.value, str) or kv.value not in _KV:
+        kinds = _kv_formats(name)
+        if not isinstance(kv.value, str) or kv.value not in kinds:
             imp.warn("PCC804", f"engine_kwargs.{name}.kv_cache_dtype {kv.value}: no pcc KV cache format",
                      f"{R}.engine_kwargs.{name}.kv_cache_dtype", span=kv.span)
         else:
-            d.kv = _KV[kv.value]
+            d.kv = kinds[kv.value]
     other = "sglang" if name == "vllm" else "vllm"
     for k, e in v.under(f"{R}.engine_kwargs.{other}").items():
         if PRECISION.search(k):
@@ -276,6 +253,31 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
                  span=v.span(f"{R}.dtype"))
 
 
+def _engine_kwargs(imp: Imported, engine: str, kwargs: dict[str, Entry]) -> None:
+    """verl passes engine_kwargs.<engine> to the engine's own parser (vLLM's CLI arguments, SGLang's
+    ServerArgs): each name is checked against the engine's table (PCC810), as the engine refuses it."""
+    flags = table(engine)
+    options = sorted(o[2:].replace("-", "_") for o in flags.flags)
+    for k, e in kwargs.items():
+        if e.value is not None and flags.spec("--" + k.replace("_", "-")) is None:
+            near = difflib.get_close_matches(k, options, 1)
+            imp.warn("PCC810", f"engine_kwargs.{engine}.{k}: {engine} has no such argument (verl passes engine_kwargs "
+                     f"to {engine}'s own arguments, which refuse it)", f"{R}.engine_kwargs.{engine}.{k}", span=e.span,
+                     hint=f"did you mean {near[0]}?" if near else None)
+
+
+def _kv_formats(engine: str) -> dict[str, str]:
+    """The rollout engine's --kv-cache-dtype values -> pcc's KV cache formats: the engine target's table
+    read backwards ('auto' is the model's dtype, no KV format), and 'fp8', which both engines read as E4M3."""
+    return {v: k for k, v in target_table(engine)["kv_cache_dtype"].items() if v != "auto"} | {"fp8": "fp8_e4m3"}
+
+
+def _tc_flags() -> dict[str, str]:
+    """override_transformer_config key -> the Megatron flag the trainer rules read: targets/verl.yaml
+    megatron_args read backwards."""
+    return {w["transformer"]: flag for flag, w in tables()["megatron_args"].items() if "transformer" in w}
+
+
 def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dict[str, str]) -> None:
     t: dict = {"engine": "megatron" if megatron else "fsdp"}
     optim = f"{A}.optim"
@@ -283,7 +285,8 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         flags: dict[str, list[str]] = {}
         where: dict[str, str] = {}
         tc = v.under(TC)
-        for k, flag in _TC_FLAGS.items():
+        tc_flags = _tc_flags()
+        for k, flag in tc_flags.items():
             e = tc.get(k)
             if e is None or e.value is None or e.value is False:
                 continue
@@ -300,7 +303,7 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
                      "pcc's Megatron trainer computes router logits in FP32; the contract cannot state otherwise",
                      f"{TC}.moe_router_dtype", span=router.span if router else None)
         for k, e in tc.items():
-            if k not in _TC_FLAGS and k not in ("fp8_param", "moe_router_dtype") and PRECISION.search(k):
+            if k not in tc_flags and PRECISION.search(k):
                 imp.warn("PCC807", f"override_transformer_config.{k} {e.value}: a TransformerConfig precision switch "
                          "pcc has no field for; the contract does not state it", f"{TC}.{k}", span=e.span)
         t["params"] = _dtype(imp, v, f"{MEGA}.dtype")
@@ -331,7 +334,11 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         kind = "adam"
     t["optimizer"]["kind"] = "sgd" if kind == "sgd" else "adam"
     if megatron:
-        t["optimizer"]["precision_aware"] = bool(_typed(imp, v, f"{optim}.use_precision_aware_optimizer", bool))
+        # verl builds Megatron's OptimizerConfig from optim, then sets override_optimizer_config's keys on it
+        aware = f"{optim}.override_optimizer_config.use_precision_aware_optimizer"
+        if v.entry(aware) is None:
+            aware = f"{optim}.use_precision_aware_optimizer"
+        t["optimizer"]["precision_aware"] = bool(_typed(imp, v, aware, bool))
         t["grads"] = _dtype(imp, v, f"{optim}.main_grads_dtype")
         t["moments"] = _dtype(imp, v, f"{optim}.exp_avg_dtype")
         if _dtype(imp, v, f"{optim}.exp_avg_sq_dtype") != t["moments"]:
@@ -448,8 +455,6 @@ def _correction(imp: Imported, v: _View) -> None:
 def _lora(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> dict | None:
     ops = catalog.operators
     if megatron:
-        from pcc.lower.verl import tables
-
         rank = _typed(imp, v, f"{M}.lora.rank", int)
         if not rank:
             return None
@@ -497,28 +502,20 @@ def _lora(imp: Imported, v: _View, catalog: Catalog, megatron: bool) -> dict | N
     return {"kind": "lora", "rank": rank, "alpha": _typed(imp, v, f"{M}.lora_alpha", float), "targets": targets}
 
 
-def _check_keys(imp: Imported, v: _View, config: str) -> None:
-    """Every key against verl's composed config (PCC810, with the nearest key verl has), Hydra's
-    rules for `key=` (must exist) and `+key=` (must not), override_transformer_config against
-    megatron-core's TransformerConfig; then keys that carry precision and that the import did not
-    read (PCC807, when they differ from verl's default)."""
-    from pcc.importer.verl_config import transformer_fields, verl_trees
-    from pcc.lower.engine_errors import EngineMissing
+def _check_keys(imp: Imported, v: _View) -> None:
+    """Every key against verl's composed config, its engine table (PCC810, with the nearest key verl
+    has), Hydra's rules for `key=` (must exist) and `+key=` (must not), override_transformer_config
+    against megatron-core's TransformerConfig; then keys that carry precision and that the import did
+    not read (PCC807, when they differ from verl's default)."""
+    from pcc.importer.verl_config import transformer_fields
 
-    try:
-        trees = verl_trees()
-    except EngineMissing as exc:
-        imp.warn("PCC810", f"the job's keys were not checked against verl's config: {exc}", None,
-                 hint="install verl (requirements/install-engines.sh) to have typos reported")
-        trees = None
-    tree = trees["configs"][config] if trees else None
+    tree = table("verl").tree(v.config)
     te_fields = transformer_fields()
     for key, e in v.job.entries.items():
         if key == "model_engine":
             continue
-        found, default = _lookup(tree, key) if tree is not None else (None, None)
-        if tree is not None:
-            _report(imp, key, e, found, default, te_fields)
+        found, default = _lookup(tree, key)
+        _report(imp, key, e, found, default, te_fields)
         if key in v.read or not PRECISION.search(key) or key.startswith(ENV) or found is False:
             continue  # read, not precision, an environment variable, or already reported unknown
         if found is True and default == e.value:

@@ -1,7 +1,5 @@
-"""verl's own configs, to check a job's keys: the Hydra configs `main_ppo` composes
-(`ppo_trainer`, `ppo_megatron_trainer`), composed by Hydra in a child process with verl's side
-folder on its path (pcc.lower.verify_verl's engine_dir), once per process; and megatron-core's
-TransformerConfig fields (verl builds a TransformerConfig from
+"""What verl's job keys are checked against beside verl's engine table (pcc.lower.engine_table,
+targets/verl_keys.json): megatron-core's TransformerConfig fields (verl builds a TransformerConfig from
 actor.megatron.override_transformer_config), read from its source rather than imported (importing
 megatron.core imports torch and takes seconds; the test holds the two equal). `hydra_parse`
 answers Hydra's own reading of override strings (the test holds verl_source's parser to it).
@@ -18,14 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pcc.importer.verl_source import CONFIGS
-
-
-@functools.lru_cache(maxsize=1)
-def verl_trees() -> dict:
-    """{"version", "configs": {name: composed tree, interpolations unresolved}} or raises
-    pcc.lower.engine_errors.EngineMissing."""
-    return _ask({"op": "trees"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,7 +43,7 @@ def transformer_fields() -> frozenset[str]:
 
 def hydra_parse(overrides: list[str]) -> list[dict]:
     """Hydra's OverridesParser on each string: {"key", "type", "value"} or {"error"}."""
-    return _ask({"op": "parse", "overrides": overrides})["parsed"]
+    return _ask({"overrides": overrides})["parsed"]
 
 
 def _ask(request: dict) -> dict:
@@ -70,39 +60,25 @@ def _ask(request: dict) -> dict:
                               timeout=600, env=env)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
-            raise EngineMissing(f"verl's configs could not be read (exit {proc.returncode}): "
+            raise EngineMissing(f"Hydra's parser did not run (exit {proc.returncode}): "
                                 f"{proc.stderr.strip()[-1000:]}")
         return json.loads(lines[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        raise EngineMissing(f"verl's configs could not be read: {exc}") from None
+        raise EngineMissing(f"Hydra's parser did not run: {exc}") from None
 
 
 def _child(request: dict) -> dict:
     sys.path.append(request["dir"])
-    if request["op"] == "parse":
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        parser, out = OverridesParser.create(), []
-        for text in request["overrides"]:
-            try:
-                o = parser.parse_override(text)
-                out.append({"key": o.key_or_group, "type": o.type.name, "value": o.value()})
-            except Exception as exc:  # Hydra's own verdict on the string, reported to the caller
-                out.append({"error": f"{type(exc).__name__}: {exc}"})
-        return {"parsed": out}
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    # verl's own YAML configs, composed without importing verl (which imports torch: seconds)
-    package = os.path.join(request["dir"], "verl")
-    config_dir = os.path.join(package, "trainer", "config")
-    trees = {}
-    for name in CONFIGS:
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            trees[name] = OmegaConf.to_container(compose(config_name=name), resolve=False)
-    with open(os.path.join(package, "version", "version"), encoding="utf-8") as fh:
-        version = fh.read().strip()
-    return {"version": version, "configs": trees}
+    parser, out = OverridesParser.create(), []
+    for text in request["overrides"]:
+        try:
+            o = parser.parse_override(text)
+            out.append({"key": o.key_or_group, "type": o.type.name, "value": o.value()})
+        except Exception as exc:  # Hydra's own verdict on the string, reported to the caller
+            out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return {"parsed": out}
 
 
 if __name__ == "__main__":

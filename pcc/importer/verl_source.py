@@ -18,8 +18,8 @@ from pathlib import Path
 from pcc.importer import ImportFailed
 from pcc.importer.yamlsource import load, read_text
 from pcc.lang.diagnostics import Span
+from pcc.lower.engine_table import table
 
-CONFIGS = ("ppo_trainer", "ppo_megatron_trainer")
 ENTRY = re.compile(r"(^|[/.])main_ppo(\.py)?$")
 _OVERRIDE = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w\-]*(?:[.@/][A-Za-z_0-9][\w\-]*)*)(?:=(.*))?$", re.S)
 _INT = re.compile(r"^[+-]?(?:0|[1-9](?:_?\d)*)$")
@@ -305,8 +305,8 @@ def read_yaml(path: str) -> Job:
         raise ImportFailed(f"{path}: a verl config is a mapping of keys", file=path, span=spans.get(""))
     for i, d in enumerate(doc.pop("defaults", None) or []):
         at = spans.get(f"defaults[{i}]")
-        if isinstance(d, str) and d in CONFIGS:
-            job.config = d
+        if isinstance(d, str) and table("verl").config(d):
+            job.config = table("verl").config(d)
         elif isinstance(d, dict) and len(d) == 1:
             (k, v), = d.items()
             key = k.removeprefix("override ").strip()

@@ -67,6 +67,57 @@ class EngineTable:
         return out
 
 
+@dataclass(frozen=True)
+class Key:
+    name: str  # the dotted path
+    type: str | None  # bool, int, float, str, list, dict; None where the default is null or an interpolation
+    default: object  # as the YAML writes it: interpolations unresolved, None for Hydra's MISSING ('???')
+
+
+class KeyTable:
+    """A Hydra engine's table (verl, targets/verl_keys.json): for each config its entry point composes,
+    every key with its default and type; a job's overrides are read against the config it names."""
+
+    MISSING = "???"  # OmegaConf's mandatory value: unset until the job sets it
+
+    def __init__(self, engine: str, configs: dict[str, dict[str, dict]]):
+        self.engine = engine
+        self.keys = {name: {k: Key(k, d["type"], None if d["default"] == self.MISSING else d["default"])
+                            for k, d in keys.items()} for name, keys in configs.items()}
+        self._trees: dict[str, dict] = {}
+
+    def config(self, name: str | None) -> str | None:
+        """The config `--config-name NAME` composes (NAME with or without `.yaml`, as Hydra takes it); None
+        when the table has no such config."""
+        name = name.removesuffix(".yaml") if name else name
+        return name if name in self.keys else None
+
+    def canonical(self, option: str) -> str:
+        """The key an override names: Hydra's `+key` (add), `++key` (force) and `~key` (delete) name `key`."""
+        return option.lstrip("+~")
+
+    def spec(self, key: str, config: str) -> Key | None:
+        return self.keys[config].get(self.canonical(key))
+
+    def default(self, key: str, config: str):
+        """What the engine runs when the job leaves `key` unset (None for a key the config lacks)."""
+        spec = self.spec(key, config)
+        return spec.default if spec is not None else None
+
+    def tree(self, config: str) -> dict:
+        """The config as nested mappings (a leaf: its default), to walk a key part by part."""
+        if config not in self._trees:
+            root: dict = {}
+            for key, spec in self.keys[config].items():
+                *parents, leaf = key.split(".")
+                node = root
+                for p in parents:
+                    node = node.setdefault(p, {})
+                node[leaf] = spec.default
+            self._trees[config] = root
+        return self._trees[config]
+
+
 def _flag(name: str, d: dict) -> Flag:
     choices = d.get("choices")
     return Flag(name, d["nargs"], d.get("type"), tuple(choices) if isinstance(choices, list) else None,
@@ -80,15 +131,21 @@ def _read(name: str) -> dict:
 
 @functools.cache
 def table(engine: str) -> EngineTable:
-    """The table of `engine`: sglang, or miles (Miles' parser: Megatron's flags, Miles' own, and SGLang's
-    as --sglang-<option>)."""
+    """The table of `engine`: sglang, vllm, miles (Miles' parser: Megatron's flags, Miles' own, and SGLang's
+    as --sglang-<option>), or verl (a KeyTable: the keys of the Hydra configs its main_ppo composes)."""
     sglang = _read("sglang_flags.json")["flags"]
     if engine == "sglang":
         flags = {k: _flag(k, d) for k, d in sglang.items()}
         aliases = {a: k for k, d in sglang.items() for a in d["aliases"]}
         return EngineTable(engine, flags, aliases, [])
+    if engine == "vllm":
+        vllm = _read("vllm_flags.json")["flags"]
+        return EngineTable(engine, {k: _flag(k, d) for k, d in vllm.items()},
+                           {a: k for k, d in vllm.items() for a in d["aliases"]}, [])
+    if engine == "verl":
+        return KeyTable(engine, _read("verl_keys.json")["configs"])
     if engine != "miles":
-        raise KeyError(f"no engine table for '{engine}' (tables: sglang, miles)")
+        raise KeyError(f"no engine table for '{engine}' (tables: sglang, vllm, miles, verl)")
     miles = _read("miles_flags.json")
     skipped = set(miles["sglang_skipped"])
     flags = {k: _flag(k, d) for k, d in miles["flags"].items()}

@@ -16,6 +16,7 @@ import shlex
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
+from pcc.lower.engine_table import table as engine_table
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
@@ -97,8 +98,10 @@ def _megatron(plan: Plan, over: "_Keys", notes: list[str]) -> None:
             over.set(f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}", value, s.path)
         else:
             over.set(f"{ACTOR}.megatron.{where['engine']}", value, s.path)
-    if mega.value("--use-distributed-optimizer") is None:  # verl's McoreEngineConfig defaults it on
-        over.set(f"{ACTOR}.megatron.use_distributed_optimizer", False, "trainer.optimizer")
+    key = f"{ACTOR}.megatron.use_distributed_optimizer"
+    if mega.value("--use-distributed-optimizer") is None and engine_table("verl").default(
+            key, tables()["config_name"]["megatron"]):
+        over.set(key, False, "trainer.optimizer")  # verl's McoreEngineConfig turns it on unless told otherwise
     notes.append("trainer: the megatron target's arguments as verl's McoreEngineConfig keys and TransformerConfig "
                  "overrides (actor.megatron.override_transformer_config); its environment through Ray's runtime_env")
 

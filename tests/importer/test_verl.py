@@ -18,6 +18,7 @@ from test_import import _differences
 
 from pcc.importer import ImportFailed, import_source
 from pcc.lower import compile_file, lower
+from pcc.lower.engine_table import table
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = sorted(str(p.relative_to(ROOT / "contracts"))[:-5] for p in (ROOT / "contracts").rglob("*.prec"))
@@ -46,15 +47,12 @@ NOT_CARRIED = {
 
 
 def _verl_or_skip():
-    from pcc.importer.verl_config import verl_trees
-    from pcc.lower.verify_verl import EngineMissing
+    from pcc.lower.verify_verl import engine_dir
 
-    try:
-        return verl_trees()
-    except EngineMissing as exc:
+    if not (engine_dir() / "verl" / "__init__.py").is_file():
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the verl checks: {exc}")
-        pytest.skip(f"verl is not installed ({exc}); see requirements/verl.txt")
+            pytest.fail(f"CI must run the verl checks: verl is not in {engine_dir()}")
+        pytest.skip(f"verl is not in {engine_dir()}; see requirements/verl.txt")
 
 
 def _codes(imp) -> set[tuple[str, str | None]]:
@@ -276,11 +274,11 @@ def test_verl_reads_the_example_as_the_import_does(tmp_path):
     from pcc.importer.verl_source import read_yaml
     from pcc.lower.verify_verl import run_batch
 
-    trees = _verl_or_skip()
+    _verl_or_skip()
     src = tmp_path / "job.yaml"
     src.write_text("\n".join(x for x in EXAMPLE.splitlines() if "recipy" not in x and "quantisation" not in x))
     job = read_yaml(str(src))
-    tree = trees["configs"]["ppo_megatron_trainer"]
+    tree = table("verl").tree("ppo_megatron_trainer")
     over = [f"{'' if _lookup(tree, k)[0] is True else '+'}{k}={json.dumps(e.value)}" for k, e in job.entries.items()]
     got = run_batch([{"config": job.config, "overrides": over}])["jobs"][0]
     assert "error" not in got, got
@@ -391,35 +389,18 @@ def test_async_argument_file(tmp_path):
     assert not [x for x in imp.diagnostics if x.path == "algorithm.rollout_correction.bypass_mode"]
 
 
-def test_without_verl_the_import_runs_and_says_keys_were_not_checked(tmp_path, monkeypatch):
-    from pcc.importer.verl_config import verl_trees
-
+def test_without_verl_installed_the_keys_are_checked_through_its_table(tmp_path, monkeypatch):
+    """verl's keys and defaults are its engine table (targets/verl_keys.json): no verl is needed to read a job."""
     src = tmp_path / "async.txt"
     src.write_text(ASYNC)
     monkeypatch.setenv("PCC_VERL_DIR", str(tmp_path / "nowhere"))
-    verl_trees.cache_clear()
-    try:
-        imp = import_source("verl", str(src), "qwen3_8b", "H100")
-    finally:
-        verl_trees.cache_clear()
-    notes = [x for x in imp.diagnostics if x.code == "PCC810"]
-    assert len(notes) == 1 and "not checked" in notes[0].message
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    typo = _at(imp, "PCC810", "actor_rollout_ref.rollout.tensor_model_parallel_sise")
+    assert "tensor_model_parallel_size" in typo.hint
     assert imp.contract["sync"]["max_staleness"] == 2
 
 
 # -- what the import assumes is verl's own ------------------------------------------------------------
-
-def test_defaults_are_verls_composed_config():
-    from pcc.importer.verl import DEFAULTS, FSDP_DEFAULTS
-
-    trees = _verl_or_skip()
-    for config, defaults in (("ppo_megatron_trainer", DEFAULTS), ("ppo_trainer", FSDP_DEFAULTS)):
-        for key, want in defaults.items():
-            node = trees["configs"][config]
-            for part in key.split("."):
-                node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
-            assert node == want, (config, key, node)
-
 
 def test_transformer_fields_are_megatron_cores():
     import dataclasses
@@ -565,3 +546,51 @@ def test_te_file_errors(edit, words, tmp_path):
     with pytest.raises(ImportFailed) as exc:
         import_source("te", str(src), "qwen3_30b_a3b")
     assert exc.value.code == "PCC801" and words in exc.value.message and exc.value.span is not None
+
+
+MEGATRON_SCRIPT = """#!/bin/bash
+python3 -m verl.trainer.main_ppo --config-name='ppo_megatron_trainer.yaml' \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \\
+    actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer=True
+"""
+
+
+def test_a_config_name_with_its_yaml_suffix_is_the_megatron_config(tmp_path):
+    """As verl's examples write it (issue 26): `--config-name='ppo_megatron_trainer.yaml'` composes the Megatron
+    config, so its keys are known and its defaults (the distributed optimizer on) are read from verl's table."""
+    src = tmp_path / "run.sh"
+    src.write_text(MEGATRON_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    t = imp.contract["trainer"]
+    assert t["engine"] == "megatron" and t["parallel"] == {"tp": 2}
+    assert t["optimizer"]["distributed"] is True  # McoreEngineConfig's default: the job does not set it
+    assert not [d for d in imp.diagnostics if d.code == "PCC810" or d.path == "trainer.engine"], [
+        d.message for d in imp.diagnostics]
+
+
+def test_precision_aware_optimizer_through_override_optimizer_config(tmp_path):
+    """verl sets override_optimizer_config's keys on Megatron's OptimizerConfig last: the contract's precision_aware."""
+    src = tmp_path / "run.sh"
+    src.write_text(MEGATRON_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainer"]["optimizer"]["precision_aware"] is True
+    key = "actor_rollout_ref.actor.optim.override_optimizer_config.use_precision_aware_optimizer"
+    assert not [d for d in imp.diagnostics if d.path == key]
+    src.write_text(MEGATRON_SCRIPT.replace("=True", "=False").replace(
+        "    actor_rollout_ref.actor.optim.override", "    actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true "
+        "\\\n    actor_rollout_ref.actor.optim.override"))
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainer"]["optimizer"]["precision_aware"] is False  # the override wins
+
+
+def test_engine_kwargs_are_checked_against_the_rollout_engines_table(tmp_path):
+    """verl hands engine_kwargs.vllm to vLLM's own arguments: a name vLLM's parser lacks is PCC810 with the nearest."""
+    src = tmp_path / "run.sh"
+    src.write_text(MEGATRON_SCRIPT + "    +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype=fp8 \\\n"
+                   "    +actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_cachin=true\n")
+    src.write_text(src.read_text().replace("=True\n", "=True \\\n"))
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    (typo,) = [d for d in imp.diagnostics if d.code == "PCC810"]
+    assert typo.path.endswith("engine_kwargs.vllm.enable_prefix_cachin") and "enable_prefix_caching" in typo.hint
+    assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e4m3"} in imp.contract["rollout"]["rules"]

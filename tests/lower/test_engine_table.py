@@ -15,8 +15,20 @@ import pytest
 from pcc.importer import import_source
 from pcc.lower import compile_file, lower
 from pcc.lower.engine_table import table
+from pcc.lower.vllm import tables as vllm_tables
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check_table(engine: str, present: bool, why: str) -> None:
+    """tools/engine_flags.py --check for one engine: the file equals what the engine's own definitions give."""
+    if not present:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must check the {engine} table: {why}")
+        pytest.skip(f"{why}: bash requirements/install-engines.sh")
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "engine_flags.py"), engine, "--check"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 @pytest.mark.engines
@@ -24,12 +36,22 @@ def test_the_sglang_table_is_what_sglangs_own_parser_defines():
     try:
         import sglang.srt.server_args  # noqa: F401
     except ImportError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must check the SGLang table: {exc}")
-        pytest.skip(f"SGLang's parser is not installed ({exc}): bash requirements/install-engines.sh")
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "engine_flags.py"), "--check"],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout + run.stderr
+        _check_table("sglang", False, f"SGLang's parser is not installed ({exc})")
+    _check_table("sglang", True, "")
+
+
+@pytest.mark.engines
+def test_the_vllm_table_is_what_vllms_own_parser_defines():
+    from pcc.lower.verify_vllm import engine_dir
+
+    _check_table("vllm", (engine_dir() / "vllm" / "__init__.py").is_file(), f"vLLM is not in {engine_dir()}")
+
+
+@pytest.mark.engines
+def test_the_verl_table_is_what_verls_own_configs_compose():
+    from pcc.lower.verify_verl import engine_dir
+
+    _check_table("verl", (engine_dir() / "verl" / "__init__.py").is_file(), f"verl is not in {engine_dir()}")
 
 
 def test_aliases_read_as_the_engine_reads_them():
@@ -97,3 +119,55 @@ def test_the_sglang_table_file_is_well_formed():
     assert doc["source"].startswith("sglang ") and len(doc["flags"]) > 400
     assert all(k.startswith("-") and set(v) == {"dest", "aliases", "nargs", "type", "choices", "default"}
                for k, v in doc["flags"].items())
+
+
+def _accepted(spec, words: tuple[str, ...]) -> bool:
+    """Whether the engine's parser takes `words` for the flag: a switch none, else its choices and type."""
+    if spec.nargs == 0:
+        return not words
+    if not words or (spec.nargs in (1, "?") and len(words) > 1):
+        return False
+    convert = {"int": int, "float": float}.get(spec.type, str)
+    try:
+        return all(convert(w) is not None and (spec.choices is None or w in spec.choices) for w in words)
+    except ValueError:
+        return False
+
+
+VLLM_JOBS = sorted((ROOT / "contracts" / "vllm").glob("*.prec")) + sorted((ROOT / "contracts" / "verl").glob("*.prec"))
+
+
+@pytest.mark.parametrize("path", VLLM_JOBS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_vllm_flag_pcc_writes_is_in_vllms_table(path):
+    """Each flag record a shipped contract lowers to for vLLM names a flag of vLLM's parser, with a value
+    it accepts (its choices and type)."""
+    plan = compile_file(str(path)).plan
+    if plan.contract.rollout.engine != "vllm":
+        pytest.skip("an SGLang rollout")
+    vllm = table("vllm")
+    for s in lower(plan, "vllm").of("flag"):
+        spec = vllm.spec(s.key)
+        assert spec is not None, f"{s.key}: no flag of vLLM's parser"
+        assert _accepted(spec, s.words()), (s.key, s.words(), spec)
+
+
+def test_vllm_tables_name_values_vllm_accepts():
+    """targets/vllm.yaml's --quantization methods, KV cache dtypes and LoRA ranks are vLLM's choices."""
+    vllm, tab = table("vllm"), vllm_tables()
+    assert set(tab["quantization"].values()) <= set(vllm.spec("--quantization").choices)
+    assert set(tab["kv_cache_dtype"].values()) <= set(vllm.spec("--kv-cache-dtype").choices)
+    assert {str(r) for r in tab["max_lora_ranks"]} == set(vllm.spec("--max-lora-rank").choices)
+    assert vllm.canonical("-tp") == "--tensor-parallel-size" and vllm.spec("-q").name == "--quantization"
+
+
+def test_the_verl_table_reads_hydra_spellings_and_config_names():
+    verl = table("verl")
+    assert verl.config("ppo_megatron_trainer.yaml") == verl.config("ppo_megatron_trainer") == "ppo_megatron_trainer"
+    assert verl.config("my_recipe") is None
+    key = "actor_rollout_ref.actor.megatron.use_distributed_optimizer"
+    assert verl.canonical("++" + key) == verl.canonical("+" + key) == key
+    assert verl.spec(key, "ppo_megatron_trainer") == verl.spec("+" + key, "ppo_megatron_trainer")
+    assert (verl.spec(key, "ppo_megatron_trainer").type, verl.default(key, "ppo_megatron_trainer")) == ("bool", True)
+    assert verl.spec(key, "ppo_trainer") is None
+    assert verl.default("actor_rollout_ref.actor.optim.optimizer", "ppo_trainer") == "AdamW"
+    assert verl.default("actor_rollout_ref.rollout.name", "ppo_trainer") is None  # '???': the job must set it

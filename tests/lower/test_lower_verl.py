@@ -42,6 +42,9 @@ VARIANTS = {
                                                  "  sync adapter\n"),
     "fsdp": _text("    parallel tp 2", trainer="fsdp"),
     "kv_det": _text("    kv_cache : fp8_e4m3\n    deterministic\n    parallel tp 2 dp 2 ep 4"),
+    "first_last": _text("    parallel tp 4 ep 4").replace(
+        "    gemm : bf16", "    gemm : fp8_block real accumulate fp32 output bf16\n"
+        "    keep bf16 : embed, lm_head, router, norm, *[0, -1]"),
 }
 
 
@@ -126,6 +129,14 @@ def _flat(rows):
 
 
 @pytest.mark.engines
+def test_first_and_last_layers_bf16_reach_verls_transformer_config(verl_checked):
+    """Megatron's --first-last-layers-bf16 and its layer counts are TransformerConfig fields verl takes
+    under override_transformer_config (targets/verl.yaml megatron_args), which the verl import reads back."""
+    te = verl_checked["jobs"]["first_last"]["actor"]["transformer"]
+    assert (te["first_last_layers_bf16"], te["num_layers_at_start_in_bf16"], te["num_layers_at_end_in_bf16"]) == (
+        True, 1, 1)
+
+
 def test_corrections_weigh_as_pcc_defines_them(verl_checked):
     """verl's own correction code on fixed log-ratios, against the weights pcc's definitions give
     (docs: tis truncates at clip; mis zeroes outside [low, clip]; rejection outside [1/t, t])."""
