@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 ENGINE_FIXTURES = {"engine", "engines", "sglang"}
@@ -13,3 +15,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engines)
+
+
+@pytest.fixture
+def full_disk_at(monkeypatch):
+    """`full_disk_at(name)`: os.replace fails with ENOSPC for files called `name`, what a kill or a full disk
+    between a write and its rename leaves (the writer must leave no final file and no temporary)."""
+    real = os.replace
+
+    def arm(name: str) -> None:
+        def replace(src, dst):
+            if os.path.basename(dst) == name:
+                raise OSError(28, "No space left on device")
+            return real(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+
+    return arm

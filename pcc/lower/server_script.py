@@ -10,7 +10,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from pcc.lower import Unsupported
+from pcc.lower import Unsupported, refuse
+from pcc.lower.settings import Setting, flag
+from pcc.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -100,3 +102,18 @@ def quantized_rule(plan: Plan) -> str:
 
 def kv_cache_rule(plan: Plan) -> str:
     return next((r.path for r in plan.kv_cache_formats().values() if r is not None), "rollout")
+
+
+def routed_experts(plan: Plan, engine: str, notes: list[str]) -> list[Setting]:
+    """--enable-return-routed-experts where rollout routing replay (R3) or `record experts` asks for the
+    experts each token was routed to; PCC410 on a dense model, which has none."""
+    c = plan.contract
+    if not (c.routing_replay == "r3" or "experts" in c.rollout.record):
+        return []
+    asked = "routing_replay" if c.routing_replay == "r3" else "rollout.record"
+    if not plan.catalog.is_moe:
+        refuse("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return", asked)
+        return []
+    notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
+                 "was routed to in rollout")
+    return [flag(engine, "--enable-return-routed-experts", path=asked)]

@@ -14,7 +14,8 @@ import json
 from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
 from pcc.lower.engine_support import check
-from pcc.lower.server_script import Server, kv_cache_rule, quantized_rule, request_caveats, server_script
+from pcc.lower.server_script import (Server, kv_cache_rule, quantized_rule, request_caveats, routed_experts,
+                                     server_script)
 from pcc.lower.settings import Setting, flag
 from pcc.plan import Plan
 from pcc.plan.layouts import named
@@ -144,15 +145,7 @@ def lower_sglang(plan: Plan) -> Lowered:
         put("--enable-deterministic-inference", path="rollout.deterministic")
         notes.append("--enable-deterministic-inference: the contract asks for a deterministic rollout "
                      "(batch-invariant kernels; slower)")
-    if c.routing_replay == "r3" or "experts" in c.rollout.record:
-        asked = "routing_replay" if c.routing_replay == "r3" else "rollout.record"
-        if not plan.catalog.is_moe:
-            refuse("PCC410", f"'{plan.catalog.name}' is a dense model: there are no routed experts to return",
-                   asked)
-        else:
-            put("--enable-return-routed-experts", path=asked)
-            notes.append("--enable-return-routed-experts: rollout routing replay (R3) needs the experts each token "
-                         "was routed to in rollout")
+    out.settings += routed_experts(plan, "sglang", notes)
     put("--weight-version", tab["initial_weight_version"], "sync")
     notes.append(f"--weight-version {tab['initial_weight_version']}: the checkpoint is version "
                  f"{tab['initial_weight_version']}; every sync raises it, so samples carry the version they came from")

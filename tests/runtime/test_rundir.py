@@ -177,32 +177,18 @@ def test_a_second_writer_is_refused_while_the_first_runs(compiled, tmp_path):
     _run(compiled, out)  # the lock is gone with its holder
 
 
-def _refuse_replacing(monkeypatch, name):
-    """os.replace fails (a full disk) for files called `name`: what a kill between write and rename leaves."""
-    import os
-
-    real = os.replace
-
-    def replace(src, dst):
-        if os.path.basename(dst) == name:
-            raise OSError(28, "No space left on device")
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
-
-
-def test_a_summary_or_metrics_write_cut_short_leaves_no_half_file(compiled, tmp_path, monkeypatch):
+def test_a_summary_or_metrics_write_cut_short_leaves_no_half_file(compiled, tmp_path, monkeypatch, full_disk_at):
     """summary.txt and the metrics a resume rewrites go through pcc.lang.outputs: whole, or the old file
     (none for a new one), and no temporary beside it."""
     out = tmp_path / "r"
-    _refuse_replacing(monkeypatch, "summary.txt")
+    full_disk_at("summary.txt")
     with pytest.raises(OSError, match="No space left"):
         _run(compiled, out)
     assert not (out / "summary.txt").exists() and not list(out.glob(".summary.txt*"))
     monkeypatch.undo()
     _run(compiled, out, force=True)
     before = _metrics(out)
-    _refuse_replacing(monkeypatch, "metrics.jsonl")
+    full_disk_at("metrics.jsonl")
     with pytest.raises(OSError, match="No space left"):
         _run(compiled, out, steps=3, resume=True)
     assert _metrics(out) == before and not list(out.glob(".metrics.jsonl*"))

@@ -37,26 +37,17 @@ def test_http_engine_levels_4_to_6(tmp_path, contract):
 
 @pytest.mark.parametrize("moves, name", [("full_weights", "model.safetensors"), ("full_weights", "pcc_manifest.json"),
                                          ("adapter", "adapter_model.safetensors"), ("adapter", "adapter_config.json")])
-def test_a_version_install_cut_short_leaves_no_half_file(tmp_path, monkeypatch, moves, name):
+def test_a_version_install_cut_short_leaves_no_half_file(tmp_path, full_disk_at, moves, name):
     """The files a server loads a version from go through pcc.lang.outputs: a write cut short (here the
     rename, as after a kill) leaves those before it whole, none of its own, and no temporary."""
-    import os
-
     import torch
 
     from pcc.validate.engine import Version
     from pcc.validate.http_client import HttpClient
 
-    real = os.replace
-
-    def replace(src, dst):
-        if os.path.basename(dst) == name:
-            raise OSError(28, "No space left on device")
-        return real(src, dst)
-
     plan = compile_for_runtime("contracts/tiny_cpu.prec").plan
     client = HttpClient("http://127.0.0.1:9", tmp_path, plan, None)
-    monkeypatch.setattr(os, "replace", replace)
+    full_disk_at(name)
     with pytest.raises(OSError, match="No space left"):
         client.install(Version(1, moves, {"w": torch.ones(2)}, {"version": 1}))
     written = [p.name for p in tmp_path.glob("*/*")]

@@ -74,21 +74,12 @@ def test_levels_parse():
 
 
 @pytest.mark.parametrize("name", [".pcc-validate", "report.md"])
-def test_a_marker_or_report_write_cut_short_leaves_no_half_file(tmp_path, monkeypatch, name):
+def test_a_marker_or_report_write_cut_short_leaves_no_half_file(tmp_path, full_disk_at, name):
     """The run directory's marker and report.md go through pcc.lang.outputs: whole or absent, no
     temporary beside them (a full disk at the marker is PCC709)."""
-    import os
-
     from pcc.runtime.rundir import RunDirError
 
-    real = os.replace
-
-    def replace(src, dst):
-        if os.path.basename(dst) == name:
-            raise OSError(28, "No space left on device")
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "replace", replace)
+    full_disk_at(name)
     if name == "report.md":
         with pytest.raises(OSError, match="No space left"):
             run(tmp_path, levels="1", plots=False)
