@@ -10,7 +10,8 @@ each from the engine's own definitions:
 - targets/verl_keys.json: every key of the Hydra configs verl's main_ppo composes (ppo_trainer,
   ppo_megatron_trainer) with its default as the YAML writes it (interpolations unresolved) and its type.
 
-A flag, keyed by its first option string: "dest", "aliases" (its other option strings), "nargs" (0 for a
+A flag, keyed by its first option string: "dest", "aliases" (its other option strings), "negations" (the
+`--no-X` strings of a BooleanOptionalAction, which turn it off: not aliases), "nargs" (0 for a
 switch, 1 for one value, "?", "+", "*"), "type" (int, float, str, or the converter's name; an optional
 type's inner one), "choices" (a list or null) and "default" (JSON's form of it; a value JSON cannot hold
 is written as its repr). A verl key: "default" and "type" (bool, int, float, str, list, dict; null when
@@ -64,8 +65,10 @@ def flag_table(parser: argparse.ArgumentParser) -> dict:
         if not a.option_strings or isinstance(a, argparse._HelpAction):
             continue
         kind = type(a).__name__
+        negations = [o for o in a.option_strings if kind == "BooleanOptionalAction" and o.startswith("--no-")]
         out[a.option_strings[0]] = {
-            "dest": a.dest, "aliases": a.option_strings[1:],
+            "dest": a.dest, "aliases": [o for o in a.option_strings[1:] if o not in negations],
+            "negations": negations,
             "nargs": 0 if kind in SWITCH_ACTIONS else 1 if a.nargs is None else a.nargs,
             "type": _type_name(a.type),
             "choices": sorted(map(str, a.choices)) if a.choices is not None else None,

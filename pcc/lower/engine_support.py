@@ -15,6 +15,7 @@ import re
 from typing import Iterable
 
 from pcc.lower import refuse
+from pcc.lower.engine_table import table as engine_table
 from pcc.lower.settings import Setting
 from pcc.resources import target_table
 
@@ -61,6 +62,18 @@ def check(engine: str, settings: Iterable[Setting], name: str) -> None:
                    f"{row['since']} or newer ({row['source']})", s.path,
                    hint=f"target a newer {name} in targets/engines.yaml (docs/miles.md, 'Engine versions'), or ask "
                         "the contract for something this version runs")
+
+
+def check_flags(engine: str, settings: Iterable[Setting], name: str) -> None:
+    """PCC614 on every flag record the engine's own parser would not take (its engine table,
+    pcc.lower.engine_table): lowering writes through the table, so a flag an engine renamed or a value it
+    no longer accepts is a refusal on the rule that asked, not a launch that fails."""
+    tab = engine_table(engine)
+    for s in settings:
+        if s.kind == "flag":
+            for why in tab.problems(s.key, s.words()):
+                refuse("PCC614", f"{name}'s parser (targets/{engine}_flags.json) refuses it: {why}", s.path,
+                       hint="regenerate the engine table (tools/engine_flags.py) or fix the target's table")
 
 
 def miles_hardware_modes(arch: str) -> dict | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pcc.resources import data_dir, target_table
 
 PREFIX = "--sglang-"  # Miles' SGLang flags
+_CONVERT = {"int": int, "float": float}  # the argparse types a value is checked against (others: the engine's own)
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,41 @@ class Flag:
 
 
 class EngineTable:
-    def __init__(self, engine: str, flags: dict[str, Flag], aliases: dict[str, str], applies: list[dict]):
+    def __init__(self, engine: str, flags: dict[str, Flag], aliases: dict[str, str], applies: list[dict],
+                 negations: dict[str, str] | None = None):
         self.engine, self.flags, self._aliases, self.applies = engine, flags, aliases, applies
+        self._negations = negations or {}
 
     def canonical(self, option: str) -> str:
         """The canonical option string of `option` (itself when it names no flag of the table)."""
         return self._aliases.get(option, option)
 
+    def negated(self, option: str) -> str | None:
+        """The switch `option` turns off (`--no-X` of a BooleanOptionalAction), None for any other option."""
+        return self._negations.get(option)
+
     def spec(self, option: str) -> Flag | None:
         return self.flags.get(self.canonical(option))
+
+    def problems(self, key: str, words: tuple[str, ...]) -> list[str]:
+        """Why the engine's parser would not take `key words` (empty: it would): no such flag, the wrong
+        number of values, a value outside its choices or not of its type."""
+        spec = self.flags.get(key)
+        if spec is None:
+            return [f"no flag {key}" + (f" (its name is {self.canonical(key)})" if key in self._aliases else "")]
+        n, out = spec.nargs, []
+        if not (n == len(words) if isinstance(n, int) else len(words) <= 1 if n == "?" else
+                len(words) >= (n == "+")):
+            out.append(f"{key} takes {n} value(s), not {len(words)}")
+        for w in words:
+            if spec.choices is not None and w not in spec.choices:
+                out.append(f"{key} {w}: not one of its choices ({', '.join(spec.choices)})")
+            elif spec.type in _CONVERT:
+                try:
+                    _CONVERT[spec.type](w)
+                except ValueError:
+                    out.append(f"{key} {w}: not {'an' if spec.type == 'int' else 'a'} {spec.type}")
+        return out
 
     def value(self, given: dict[str, list[str]], flag: str):
         """A flag's value in `given` (canonical flag -> words) as the engine reads it: its last word,
@@ -129,31 +156,34 @@ def _read(name: str) -> dict:
         return json.load(fh)
 
 
+def _options(doc: dict, prefix: str = "", skipped: frozenset = frozenset()) -> tuple[dict, dict, dict]:
+    """(flags, alias -> flag, negation -> flag) of a generated flag table, each option string written
+    `prefix` + its name without dashes when a prefix is given (Miles' --sglang-<option>)."""
+    name = (lambda o: prefix + o.lstrip("-")) if prefix else (lambda o: o)
+    flags, aliases, negations = {}, {}, {}
+    for k, d in doc.items():
+        if d["dest"] in skipped:
+            continue
+        flags[name(k)] = _flag(name(k), d)
+        aliases.update({name(a): name(k) for a in d["aliases"]})
+        negations.update({name(n): name(k) for n in d.get("negations", ())})
+    return flags, aliases, negations
+
+
 @functools.cache
 def table(engine: str) -> EngineTable:
     """The table of `engine`: sglang, vllm, miles (Miles' parser: Megatron's flags, Miles' own, and SGLang's
     as --sglang-<option>), or verl (a KeyTable: the keys of the Hydra configs its main_ppo composes)."""
     sglang = _read("sglang_flags.json")["flags"]
-    if engine == "sglang":
-        flags = {k: _flag(k, d) for k, d in sglang.items()}
-        aliases = {a: k for k, d in sglang.items() for a in d["aliases"]}
-        return EngineTable(engine, flags, aliases, [])
-    if engine == "vllm":
-        vllm = _read("vllm_flags.json")["flags"]
-        return EngineTable(engine, {k: _flag(k, d) for k, d in vllm.items()},
-                           {a: k for k, d in vllm.items() for a in d["aliases"]}, [])
+    if engine in ("sglang", "vllm"):
+        flags, aliases, negations = _options(sglang if engine == "sglang" else _read("vllm_flags.json")["flags"])
+        return EngineTable(engine, flags, aliases, [], negations)
     if engine == "verl":
         return KeyTable(engine, _read("verl_keys.json")["configs"])
     if engine != "miles":
         raise KeyError(f"no engine table for '{engine}' (tables: sglang, vllm, miles, verl)")
     miles = _read("miles_flags.json")
-    skipped = set(miles["sglang_skipped"])
     flags = {k: _flag(k, d) for k, d in miles["flags"].items()}
-    aliases: dict[str, str] = {}
-    for k, d in sglang.items():
-        if d["dest"] in skipped:
-            continue
-        name = PREFIX + k[2:]
-        flags.setdefault(name, _flag(name, d))
-        aliases.update({PREFIX + a.lstrip("-"): name for a in d["aliases"]})
-    return EngineTable(engine, flags, aliases, target_table("miles").get("applies", []))
+    theirs, aliases, negations = _options(sglang, PREFIX, frozenset(miles["sglang_skipped"]))
+    flags.update({k: f for k, f in theirs.items() if k not in flags})  # Miles' own --sglang-router-* first
+    return EngineTable(engine, flags, aliases, target_table("miles").get("applies", []), negations)

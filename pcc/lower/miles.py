@@ -20,7 +20,7 @@ from dataclasses import replace
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower_each, module_leaf, target, unsupported
 from pcc.lower.settings import Setting, flag
 from pcc.lower.checkpoint_config import rollout_layout
-from pcc.lower.engine_support import check, miles_hardware_modes, targeted
+from pcc.lower.engine_support import check, check_flags, miles_hardware_modes, targeted
 from pcc.lower.engine_table import table
 from pcc.lower.miles_arch import architecture, tables
 from pcc.plan import Plan
@@ -263,6 +263,7 @@ def lower_miles(plan: Plan) -> Lowered:
     custom = plan.contract.correction.kind not in ("none", "tis")
     tis = [flag("miles", "--custom-tis-function-path", "$PCC_TIS_FUNCTION", "correction")] * custom
     check("miles", own + tis + mega.of("env"), "Miles")
+    check_flags("miles", settings + tis, "Miles")
     model_text, arch, gap = model_args_file(plan)
     check("megatron", arch, "Megatron (Miles' fork)")
     out = Lowered("miles", settings=settings)

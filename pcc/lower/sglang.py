@@ -13,7 +13,7 @@ import json
 
 from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
-from pcc.lower.engine_support import check
+from pcc.lower.engine_support import check, check_flags
 from pcc.lower.server_script import (Server, kv_cache_rule, quantized_rule, request_caveats, routed_experts,
                                      server_script)
 from pcc.lower.settings import Setting, flag
@@ -152,6 +152,7 @@ def lower_sglang(plan: Plan) -> Lowered:
     if c.trainable.kind == "lora":
         out.settings += _lora(plan, notes)
     check("sglang", out.settings, "SGLang")
+    check_flags("sglang", out.settings, "SGLang")
     args = out.args
     files = out.files
     files.update({ARGS_FILE: "".join(a + "\n" for a in args),

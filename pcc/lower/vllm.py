@@ -15,6 +15,7 @@ import json
 
 from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
+from pcc.lower.engine_support import check_flags
 from pcc.lower.server_script import (Server, kv_cache_rule, quantized_rule, request_caveats, routed_experts,
                                      server_script)
 from pcc.lower.settings import Setting, env, flag
@@ -192,6 +193,7 @@ def lower_vllm(plan: Plan) -> Lowered:
         out.settings += [env("vllm", k, v, "trainable") for k, v in tab["lora_env"].items()]
         notes.append("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: each adapter sync loads the new adapter through "
                      "/v1/load_lora_adapter")
+    check_flags("vllm", out.settings, "vLLM")
     args = out.args
     out.files.update({ARGS_FILE: "".join(a + "\n" for a in args),
                       LAUNCH: launch_script(args, out.env, tab["checkpoint_quant_method"].get(layout), lora)})

@@ -117,8 +117,18 @@ def test_a_written_setting_miles_overrides_is_a_warning_on_its_field(tmp_path):
 def test_the_sglang_table_file_is_well_formed():
     doc = json.loads((ROOT / "targets" / "sglang_flags.json").read_text(encoding="utf-8"))
     assert doc["source"].startswith("sglang ") and len(doc["flags"]) > 400
-    assert all(k.startswith("-") and set(v) == {"dest", "aliases", "nargs", "type", "choices", "default"}
+    assert all(k.startswith("-") and set(v) == {"dest", "aliases", "negations", "nargs", "type", "choices", "default"}
                for k, v in doc["flags"].items())
+
+
+def test_a_negation_is_not_an_alias():
+    """`--no-X` of a BooleanOptionalAction turns X off: reading it as X (an alias) would turn it on."""
+    vllm, miles = table("vllm"), table("miles")
+    assert vllm.canonical("--no-async-scheduling") == "--no-async-scheduling"
+    assert vllm.negated("--no-async-scheduling") == "--async-scheduling"
+    assert vllm.negated("--async-scheduling") is None
+    sglang_neg = next(n for n, f in table("sglang")._negations.items())
+    assert miles.negated("--sglang-" + sglang_neg[2:]) == "--sglang-" + table("sglang").negated(sglang_neg)[2:]
 
 
 def _accepted(spec, words: tuple[str, ...]) -> bool:
@@ -171,3 +181,26 @@ def test_the_verl_table_reads_hydra_spellings_and_config_names():
     assert verl.spec(key, "ppo_trainer") is None
     assert verl.default("actor_rollout_ref.actor.optim.optimizer", "ppo_trainer") == "AdamW"
     assert verl.default("actor_rollout_ref.rollout.name", "ppo_trainer") is None  # '???': the job must set it
+
+
+def test_the_parser_rules_a_record_is_checked_against():
+    sglang = table("sglang")
+    assert sglang.problems("--tp-size", ("2",)) == []
+    assert sglang.problems("--tp-size", ("two",)) == ["--tp-size two: not an int"]
+    assert sglang.problems("--tp-size", ()) == ["--tp-size takes 1 value(s), not 0"]
+    assert sglang.problems("--kv-cache-dtype", ("fp9",))[0].startswith("--kv-cache-dtype fp9: not one of its choices")
+    assert sglang.problems("--ep", ("2",)) == ["no flag --ep (its name is --ep-size)"]
+    assert sglang.problems("--no-such-flag", ()) == ["no flag --no-such-flag"]
+
+
+def test_lowering_writes_through_the_table(tmp_path, monkeypatch):
+    """A record the engine's own parser would refuse (here: a KV cache dtype SGLang has no choice for) is
+    PCC614 on the rule that asked, at `pcc check`, not a server that fails to start."""
+    from pcc.lower import sglang
+
+    table_ = {**sglang.tables(), "kv_cache_dtype": {**sglang.tables()["kv_cache_dtype"], "fp8_e4m3": "fp9_e9m9"}}
+    monkeypatch.setattr(sglang, "tables", lambda: table_)
+    path = ROOT / "contracts" / "glm52_fp8_rollout.prec"
+    c = compile_file(str(path))
+    bad = [d for d in c.diagnostics if d.code == "PCC614"]
+    assert bad and all(d.span.line == 18 and "fp9_e9m9" in d.message for d in bad)
