@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.matching import (FusedDisagreement, SglangModule, ct_classes, ct_match_name,
-                                   ct_matched_targets, modelopt_excluded, module_name, module_path_match,
-                                   normalized_fp8_ignores, sglang_module, sglang_skipped)
+                                   ct_matched_targets, modelopt_excluded, modelopt_exclusions, module_name,
+                                   module_path_match, normalized_fp8_ignores, sglang_module, sglang_skipped)
 from pcc.importer.rules import component_rules, scheme_name
 from pcc.models import Catalog
 from pcc.plan.patterns import LINEAR
@@ -235,12 +235,13 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
         raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4 and FP8", path=where + "quant_algo",
                            file=file)
     d = Decided()
+    exclusions = modelopt_exclusions(entries)
     for prefix, (module, idx) in _sglang_modules(catalog, _SGLANG_LINEAR | {"lm_head"}).items():
         try:
             if module.moe:
-                excluded = modelopt_excluded(prefix, entries)
+                excluded = modelopt_excluded(prefix, exclusions)
             else:
-                excluded = sglang_skipped(module, entries) or modelopt_excluded(prefix, entries)
+                excluded = sglang_skipped(module, exclusions) or modelopt_excluded(prefix, exclusions)
         except FusedDisagreement as exc:
             raise ImportFailed(f"{file}: {exc}", path=where + key, file=file) from None
         if not excluded:
@@ -465,8 +466,9 @@ def _glob_prefix(entry: str, path: str) -> bool:
 def _unmatched_sglang(imp: Imported, catalog: Catalog, entries: list[str], key: str, modelopt: bool = False) -> None:
     paths = _Paths(catalog)
     for k, e in enumerate(entries):
-        hit = paths.path_match(e.removeprefix("model.")) or paths.path_match(e) or (
-            modelopt and paths.glob_match(e, parts=True))
+        forms = modelopt_exclusions([e]) if modelopt else [e]
+        hit = any(paths.path_match(f.removeprefix("model.")) or paths.path_match(f) or (
+            modelopt and paths.glob_match(f, parts=True)) for f in forms)
         if not hit:
             imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {catalog.name}", f"{key}[{k}]",
                      hint="SGLang matches whole dotted names (or, for ModelOpt, '*' globs over the whole name or "

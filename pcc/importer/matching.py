@@ -10,7 +10,8 @@ here is one tool's rule, reproduced from its source (docs/import.md cites the fi
   a FusedMoE layer skipped when any expert-naming entry contains its prefix.
 * `modelopt_excluded`: SGLang's `ModelOptQuantConfig.is_layer_excluded` (layers/quantization/
   modelopt_quant.py): `*` is `.*`, `.` literal, full match against the whole prefix or any one
-  dotted part, plus the MLA fused-projection substring rule.
+  dotted part, plus the MLA fused-projection substring rule; `modelopt_exclusions` is the list
+  as `apply_weight_name_mapper` leaves it (each `language_model.` entry also without the prefix).
 * `ct_*`: compressed-tensors' `match_name`/`match_targets`/`apply_quantization_config`
   (utils/match.py, quantization/lifecycle/apply.py): exact names, `re:` patterns by `re.match`
   (anchored at the start only), class names; ignore beats targets; among matching targets
@@ -103,6 +104,19 @@ def normalized_fp8_ignores(entries: list[str]) -> list[str]:
 @lru_cache(maxsize=4096)
 def _modelopt_regex(pattern: str) -> re.Pattern:
     return re.compile(pattern.replace(".", r"\.").replace("*", r".*"))
+
+
+def modelopt_exclusions(entries: list[str]) -> list[str]:
+    """SGLang `ModelOptQuantConfig.apply_weight_name_mapper` (modelopt_quant.py, called by
+    model_loader/loader.py for models with an HF-to-SGLang name mapper, which the multimodal
+    wrappers that export `language_model.` names have): each `language_model.` entry is kept and
+    also added without the prefix, so it matches the text model's own `model.`/`lm_head` names."""
+    out = []
+    for e in entries:
+        out.append(e)
+        if e.startswith("language_model."):
+            out.append(e.removeprefix("language_model."))
+    return list(dict.fromkeys(out))
 
 
 _MLA_FUSED_PARTS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")

@@ -13,7 +13,7 @@ from pcc.lang.diagnostics import PccError
 # "mtp": the MTP (NextN) module's own projection, eh_proj (the rest of an MTP layer keeps its decoder
 # families); "vision": a multimodal model's vision tower and projector. docs/models.md.
 FAMILIES = (
-    "embed", "attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "router",
+    "embed", "attn.q", "attn.kv", "attn.o", "attn.indexer", "mlp.gate_up", "mlp.down", "router",
     "experts.gate_up", "experts.down", "shared_experts.gate_up", "shared_experts.down",
     "norm", "lm_head", "kv_cache", "mtp", "vision", "other",
 )

@@ -46,6 +46,10 @@ _LAYER_MODULES = {
     "self_attn.kv_a_proj_with_mqa": "attn.kv",
     "self_attn.kv_b_proj": "attn.kv",
     "self_attn.o_proj": "attn.o",
+    # DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5): its query and key projections
+    # are Linear layers SGLang quantizes with the checkpoint's method; weights_proj is not (other).
+    "self_attn.indexer.wq_b": "attn.indexer",
+    "self_attn.indexer.wk": "attn.indexer",
     "mlp.gate": "router",
     "mlp.router": "router",  # gpt-oss
     "block_sparse_moe.gate": "router",
@@ -68,7 +72,8 @@ _EXPERT_MODULES = {
 }
 
 _GROUP = {  # sort position of a family inside a layer
-    "embed": 0, "mtp": 0, "lm_head": 0, "norm": 0, "attn.q": 1, "attn.kv": 1, "attn.o": 1, "kv_cache": 2,
+    "embed": 0, "mtp": 0, "lm_head": 0, "norm": 0, "attn.q": 1, "attn.kv": 1, "attn.o": 1, "attn.indexer": 1,
+    "kv_cache": 2,
     "router": 3, "experts.gate_up": 4, "experts.down": 4, "shared_experts.gate_up": 5,
     "shared_experts.down": 5, "mlp.gate_up": 6, "mlp.down": 6, "other": 7,
 }

@@ -20,15 +20,15 @@ from functools import lru_cache
 from pcc.lang.diagnostics import PccError, did_you_mean
 from pcc.models import FAMILIES
 
-LINEAR = ("attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down", "experts.gate_up", "experts.down",
-          "shared_experts.gate_up", "shared_experts.down")
+LINEAR = ("attn.q", "attn.kv", "attn.o", "attn.indexer", "mlp.gate_up", "mlp.down", "experts.gate_up",
+          "experts.down", "shared_experts.gate_up", "shared_experts.down")
 NON_GEMM = ("norm", "embed", "kv_cache", "other")
 NAMED_ONLY = NON_GEMM + ("mtp", "vision")  # families a glob or `all` never selects
 # What `mtp` selects inside the MTP layers: every GEMM family.
 _MTP_FAMILIES = tuple(f for f in FAMILIES if f not in NON_GEMM and f != "vision")
 ALIASES: dict[str, tuple[str, ...]] = {
     "linear": LINEAR,
-    "attn": ("attn.q", "attn.kv", "attn.o"),
+    "attn": ("attn.q", "attn.kv", "attn.o", "attn.indexer"),
     "mlp": ("mlp.gate_up", "mlp.down"),
     "experts": ("experts.gate_up", "experts.down"),
     "shared_experts": ("shared_experts.gate_up", "shared_experts.down"),

@@ -464,3 +464,21 @@ def test_skip_list_of_a_compiled_import_is_what_sglang_skips(tmp_path):
     imp = import_source("checkpoint", str(DATA / "qwen3_30b_a3b_fp8.json"), "qwen3_30b_a3b", "H100")
     plan = _compile(imp, tmp_path).plan
     assert "lm_head" in skip_list(plan)
+
+
+def test_modelopt_language_model_prefixed_exclusions(tmp_path):
+    """A multimodal wrapper's ModelOpt export names its exclusions under `language_model.`; SGLang's
+    `ModelOptQuantConfig.apply_weight_name_mapper` (modelopt_quant.py) keeps each also without the
+    prefix, so attention, shared experts and lm_head of the text model stay BF16, no PCC802."""
+    entries = ["language_model.lm_head", "language_model.model.layers.*.self_attn*",
+               "language_model.model.layers.*.mlp.shared_experts*", "language_model.model.layers.*.mlp.gate"]
+    doc = {"producer": {"name": "modelopt", "version": "0.33.0"},
+           "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": entries}}
+    imp = import_source("checkpoint", _write(tmp_path, doc, "hf_quant_config.json"), "deepseek_v3", "B200")
+    assert not [d for d in imp.diagnostics if d.code == "PCC802"], [d.message for d in imp.diagnostics]
+    plan = _resolved(imp, load_catalog("deepseek_v3"))
+    ops = plan.catalog.operators
+    wide = {op.family for i, op in enumerate(ops) if plan.scheme("rollout", i).wide}
+    narrow = {op.family for i, op in enumerate(ops) if not plan.scheme("rollout", i).wide}
+    assert {"attn.q", "attn.kv", "attn.o", "shared_experts.gate_up", "shared_experts.down", "lm_head"} <= wide
+    assert narrow == {"experts.gate_up", "experts.down", "mlp.gate_up", "mlp.down"}

@@ -68,7 +68,7 @@ def mla_counts(layers, dense, experts, indexer):
     """DeepSeek-V3 style: per layer 4 norms (input, post-attention, q_a, kv_a),
     q_a + q_b, kv_a + kv_b, o, kv_cache; dense layers gate+up+down, MoE layers
     router, experts x (gate+up, down) and one fused shared expert. The DSA
-    indexer adds wq_b, wk, weights_proj ("other") and a k_norm per layer."""
+    indexer adds wq_b, wk ("attn.indexer"), weights_proj ("other") and a k_norm per layer."""
     moe = layers - dense
     result = {
         "embed": 1, "attn.q": 2 * layers, "attn.kv": 2 * layers, "attn.o": layers,
@@ -78,7 +78,7 @@ def mla_counts(layers, dense, experts, indexer):
         "norm": (5 if indexer else 4) * layers + 1, "lm_head": 1,
     }
     if indexer:
-        result["other"] = 3 * layers
+        result["attn.indexer"], result["other"] = 2 * layers, layers
     return result
 
 

@@ -28,9 +28,12 @@ DEEPSEEK = {"model_type": "deepseek_v3", "num_hidden_layers": 61}
     ("model.layers.7.mlp.shared_experts.down_proj.weight", "shared_experts.down", 7, None),
     ("model.layers.1.mlp.gate_proj.weight", "mlp.gate_up", 1, None),
     ("model.layers.1.mlp.down_proj.weight", "mlp.down", 1, None),
-    # DSA indexer: its norm is a norm; its projections have no family of their own.
+    # DSA indexer: its norm is a norm; wq_b and wk are attn.indexer (SGLang quantizes them),
+    # weights_proj (a BF16 layer in SGLang) other.
     ("model.layers.7.self_attn.indexer.k_norm.weight", "norm", 7, None),
-    ("model.layers.7.self_attn.indexer.wq_b.weight", "other", 7, None),
+    ("model.layers.7.self_attn.indexer.wq_b.weight", "attn.indexer", 7, None),
+    ("model.layers.7.self_attn.indexer.wk.weight", "attn.indexer", 7, None),
+    ("model.layers.7.self_attn.indexer.weights_proj.weight", "other", 7, None),
     # MTP layer 61 sits past the 61 decoder layers: its decoder modules keep their families (a `linear`
     # rule quantizes them, as DeepSeek's FP8 checkpoint does), its own modules get theirs.
     ("model.layers.61.eh_proj.weight", "mtp", 61, None),
@@ -70,3 +73,34 @@ def test_classify(tensor, family, layer, expert):
 
 def test_without_layer_count_every_layer_is_a_decoder_layer():
     assert classify("model.layers.61.self_attn.q_a_proj.weight", {})[:3] == ("attn.q", 61, None)
+
+
+def test_dsa_indexer_families_are_what_sglang_quantizes():
+    """targets/sglang.yaml `dsa_indexer` against SGLang's own `Indexer.__init__` (read from the
+    installed source: its package imports GPU kernels): the ReplicatedLinear layers given the quant
+    config are family attn.indexer, the others (but the fused BF16 wk_weights_proj) other."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    from pcc.resources import target_table
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    source = Path(spec.submodule_search_locations[0]) / "srt/layers/attention/dsa/dsa_indexer.py"
+    init = next(n for n in ast.walk(ast.parse(source.read_text()))
+                if isinstance(n, ast.ClassDef) and n.name == "Indexer").body
+    init = next(n for n in init if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    built = {}
+    for node in ast.walk(init):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "ReplicatedLinear"):
+            built[node.targets[0].attr] = any(k.arg == "quant_config" for k in node.value.keywords)
+    built.pop("wk_weights_proj")  # the CUDA fusion of wk and weights_proj, BF16 (the table's comment)
+    table = target_table("sglang")["dsa_indexer"]
+    assert built == dict.fromkeys(table["quantized"], True) | dict.fromkeys(table["wide"], False)
+    config = {"num_hidden_layers": 4}
+    for name, quantized in built.items():
+        family = classify(f"model.layers.1.self_attn.indexer.{name}.weight", config).family
+        assert family == ("attn.indexer" if quantized else "other"), name
