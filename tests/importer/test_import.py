@@ -419,6 +419,39 @@ def test_miles_script_int4_qat_drift(tmp_path):
     assert "PCC403" in {x.code for x in c.diagnostics}  # pcc check names the same drift
 
 
+EXPANDED = r"""#!/bin/bash
+BASE_DIR=/root/shared
+TP=2
+FP8=(--fp8-format e4m3 --fp8-recipe blockwise)
+perf() {
+  echo --tensor-model-parallel-size $((TP * 2)) --expert-model-parallel-size $((TP + 2))
+}
+ROLLOUT_ARGS=(
+   --rollout-num-gpus-per-engine $((TP * 4))
+   --hf-checkpoint "${BASE_DIR}/Qwen3-30B-A3B-FP8"
+   --sglang-ep-size ${EP:-4}
+)
+python3 train.py "${FP8[@]}" "${ROLLOUT_ARGS[@]}" $(perf) --colocate --num-rollout $(nproc)
+"""
+
+
+def test_miles_script_expanded_as_bash(tmp_path):
+    """Arrays in quotes, a variable inside a word, arithmetic over what the script assigned and a
+    function that echoes flags: read where bash passes them; a command substitution stays, warned."""
+    script = tmp_path / "run-qwen3-30B-A3B-fp8.sh"
+    script.write_text(EXPANDED)
+    imp = import_source("miles", str(script), "qwen3_30b_a3b", "H100")
+    d = imp.contract
+    assert d["rollout"]["parallel"] == {"tp": 8, "ep": 4}
+    assert d["trainer"]["parallel"] == {"tp": 4, "ep": 4}
+    assert {r["scheme"] for r in d["trainer"]["rules"]} == {"fp8_block"}
+    hf = next(x for x in imp.diagnostics if x.path == "--hf-checkpoint")
+    assert "/root/shared/Qwen3-30B-A3B-FP8 is not a readable directory" in hf.message
+    left = next(x for x in imp.diagnostics if x.path == "$(nproc)")
+    assert left.code == "PCC808" and left.span.line == EXPANDED.splitlines().index(
+        next(x for x in EXPANDED.splitlines() if "$(nproc)" in x)) + 1
+
+
 def _save(imp, tmp_path):
     path = tmp_path / "imported.prec"
     path.write_text(imp.text())
