@@ -283,7 +283,7 @@ class Shell:
 
     def __init__(self):
         self.vars: dict[str, str] = {}
-        self.arrays: dict[str, list[str]] = {}
+        self.arrays: dict[str, list[tuple[str, int]]] = {}
         self.funcs: dict[str, list[Word] | None] = {}  # None: a body that does more than echo
         self.out = Expanded()
 
@@ -321,16 +321,16 @@ class Shell:
                 continue
             texts = self._expand(w, 0, assignment=bool(m and prefix))
             if m and prefix and texts:
-                name, value = m[1], texts[0][len(m[0]):]
+                name, value = m[1], texts[0][0][len(m[0]):]
                 self.vars[name] = self.vars.get(name, "") + value if m[2] else value
                 self.arrays.pop(name, None)
-            for t in texts:
-                self._emit(t, w.offset)
+            for t, at in texts:
+                self._emit(t, w.offset if at < 0 else at)
             j += 1
         return j
 
     def _array(self, name: str, append: bool, words: list[Word], j: int) -> int:
-        items: list[str] = []
+        items: list[tuple[str, int]] = []
         while j < len(words) and words[j].literal != ")":
             if words[j].literal != SEP:
                 items += self._expand(words[j], 0)
@@ -367,53 +367,54 @@ class Shell:
         self.funcs[name] = echoes
         return j
 
-    def _expand(self, w: Word, depth: int, assignment: bool = False) -> list[str]:
-        """The words bash makes of w: unquoted expansions split on blanks (not in an assignment),
+    def _expand(self, w: Word, depth: int, assignment: bool = False) -> list[tuple[str, int]]:
+        """The words bash makes of w, each with the offset it was written at (an array element's or
+        an echoed word's own): unquoted expansions split on blanks (not in an assignment),
         `"${A[@]}"` one word per element."""
         if depth > MAX_DEPTH:
             raise ShellError("substitutions nested too deep")
-        fields: list[str] = [""]
+        fields: list[list] = [["", w.offset]]
         started = False  # a quoted part makes a word even when empty
         for kind, body, quoted in w.parts:
             if kind == "lit":
-                fields[-1] += body
+                fields[-1][0] += body
                 started = started or quoted or bool(body)
                 continue
-            values = self._part(kind, body, depth)
-            if values is None:  # stays as written
+            value = self._part(kind, body, depth)
+            if value is None:  # stays as written
                 self.out.unexpanded.append((body, w.offset))
-                fields[-1] += body
+                fields[-1][0] += body
                 started = True
                 continue
-            split = not quoted and not assignment
-            pieces: list[str] = []
-            for v in values if isinstance(values, list) else [values]:
-                pieces += v.split() if split else [v]
-            if isinstance(values, list) and quoted:
-                pieces = values
-            if not pieces:
-                started = started or (quoted and not isinstance(values, list))
+            items, each = value
+            if quoted and not each:
+                items = [(" ".join(t for t, _ in items), w.offset)]
+            elif not quoted and not assignment:
+                items = [(piece, at) for t, at in items for piece in t.split()]
+            if not items:
+                started = started or (quoted and not each)
                 continue
-            fields[-1] += pieces[0]
-            fields += pieces[1:]
+            if fields[-1][0] == "":
+                fields[-1][1] = items[0][1]
+            fields[-1][0] += items[0][0]
+            fields += [[t, at] for t, at in items[1:]]
             started = True
-        return fields if started or fields != [""] else []
+        return [(t, at) for t, at in fields] if started or fields[0][0] else []
 
-    def _part(self, kind: str, raw: str, depth: int) -> str | list[str] | None:
-        """What one expansion (its text as written) gives; None: it stays as written."""
+    def _part(self, kind: str, raw: str, depth: int) -> tuple[list[tuple[str, int]], bool] | None:
+        """What one expansion (its text as written) gives: its words (with offsets; -1 where the
+        word it is in gives the offset) and whether each is a word of its own in quotes (`"${A[@]}"`);
+        None: it stays as written."""
         if kind == "arith":
             try:
-                return str(Arith(raw[3:-2], self.vars, depth).value())
+                return [(str(Arith(raw[3:-2], self.vars, depth).value()), -1)], False
             except ValueError:
                 return None
         if kind == "cmd":
             name = (raw[1:-1] if raw.startswith("`") else raw[2:-1]).strip()
             if self.funcs.get(name) is None:
                 return None
-            out: list[str] = []
-            for w in self.funcs[name]:
-                out += self._expand(w, depth + 1)
-            return " ".join(out)
+            return [x for w in self.funcs[name] for x in self._expand(w, depth + 1)], False
         body = raw[2:-1] if raw.startswith("${") else raw[1:]
         m = re.fullmatch(r"(#?)([A-Za-z_]\w*)(?:\[([@*])\])?(?:(:?-)(.*))?", body, re.S)
         if m is None:
@@ -422,16 +423,16 @@ class Shell:
         if name in self.arrays:
             items = self.arrays[name]
             if count:
-                return str(len(items))
-            return items if sub == "@" else " ".join(items) if sub == "*" else (items[:1] or [""])[0]
+                return [(str(len(items)), -1)], False
+            return (items, sub == "@") if sub else (items[:1] or [("", -1)], False)
         if name in self.vars:
             value = self.vars[name]
             if count:
-                return str(len(value))
-            if dflt == ":-" and value == "":
-                return alt
-            return value
-        return alt if dflt else None
+                value = str(len(value))
+            elif dflt == ":-" and value == "":
+                value = alt
+            return [(value, -1)], False
+        return ([(alt, -1)], False) if dflt else None
 
 
 def expand(text: str) -> Expanded:

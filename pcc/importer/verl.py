@@ -161,8 +161,8 @@ def _strategy(imp: Imported, v: _View) -> bool:
                            "imports the megatron and fsdp/fsdp2 actors", path=f"{A}.strategy", file=job.file,
                            span=v.span(f"{A}.strategy"))
     for word, span in job.unread:
-        imp.warn("PCC808", f"{word}: overrides the script takes at run time are not read; the contract states what "
-                 "the script itself sets", "overrides", span=span)
+        imp.warn("PCC808", f"{word}: computed when the script runs (`$@`, a command, a variable the script does not "
+                 "assign), read as written; the contract states what the script itself sets", "overrides", span=span)
     for text, span in job.defaults:
         imp.warn("PCC810", f"defaults entry {text!r}: pcc reads the trainer config and model_engine of a defaults "
                  "list; the keys this entry brings are not checked", "defaults", span=span)
