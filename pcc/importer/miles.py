@@ -40,7 +40,6 @@ _KV = {v: k for k, v in sglang_tables()["kv_cache_dtype"].items() if v != "auto"
 _TRANSFER = {v: k for k, v in TRANSFER.items()}
 # Contract fields no Miles launch states: written as pcc's defaults, each reported once (PCC808).
 NOT_IN_A_LAUNCH = (
-    ("rollout.max_tokens", "no Miles or SGLang flag of the launch bounds the generation length the contract plans for"),
     ("rollout.record", "what rollout records follows from the routing replay flags; the contract's list is not a flag"),
     ("sync.bridge", "Miles derives the sync representation from the rollout checkpoint; no flag states it"),
     ("sync.activation", "Miles always activates a version atomically"),
@@ -194,6 +193,10 @@ def import_miles(source: str, model: str | None, hardware: str | None = None) ->
     _trainer(imp, launch, catalog)
     _sync_and_objective(imp, launch, catalog)
     read_expectations(imp, launch.expectations)
+    if launch.has("--custom-config-path"):
+        imp.warn("PCC808", f"--custom-config-path {launch.value('--custom-config-path')}: Miles sets the arguments "
+                 "that file names; pcc does not read it, so what it sets is not in the contract", "--custom-config-path",
+                 hint="pass those settings as flags of the launch to import them")
     for raw, span in launch.unexpanded:
         imp.warn("PCC808", f"{raw}: computed when the script runs (a command, or a variable the script does not "
                  "assign); read as written", raw, span=span)
@@ -253,6 +256,9 @@ def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) 
             par[key] = n
     if par:
         block["parallel"] = par
+    n = launch.number("--rollout-max-response-len", int)
+    if n is not None:
+        block["max_tokens"] = n
     if launch.has("--sglang-enable-deterministic-inference"):
         block["deterministic"] = True
     dtype = launch.value("--sglang-dtype")
@@ -291,6 +297,10 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
             par[key] = n
     if par:
         t["parallel"] = par
+    cp = launch.number("--context-parallel-size", int, 1)
+    if cp != 1:
+        imp.warn("PCC807", f"--context-parallel-size {cp}: a contract has no context parallelism; the trainer's "
+                 "parallel sizes leave it out", "--context-parallel-size")
     for flag in ("--no-fp8-wgrad", "--fp4-param-gather", "--fp8-output-proj", "--keep-fp8-transpose-cache"):
         if launch.has(flag):
             imp.warn("PCC807", f"{flag}: pcc has no field for it; the contract does not state it", flag)

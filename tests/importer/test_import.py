@@ -293,30 +293,30 @@ def test_llm_compressor_example_configs_compile_back(preset, model, ignore, tmp_
 # -- the round trip over every shipped contract --------------------------------------------------
 
 # What a bundle's artifacts cannot carry, per contract: (diff section, field) or (component, family).
-# Everything else must come back identical (pcc diff finds nothing else).
+# Everything else must come back identical (pcc diff finds nothing else). rollout.max_tokens is carried
+# (--rollout-max-response-len is read back).
 NOT_CARRIED = {
-    "bf16_baseline": {("placement", "rollout.max_tokens")},
-    "glm52_fp8_rollout": {("placement", "rollout.max_tokens"), ("placement", "rollout.hardware"),
-                          ("placement", "trainer.hardware")},
+    "bf16_baseline": set(),
+    "glm52_fp8_rollout": {("placement", "rollout.hardware"), ("placement", "trainer.hardware")},
     # Miles' INT4 QAT fake-quantizes routed experts only; the sync bridge is not a flag
     "int4_qat_w4a16": {("sync", "sync.bridge"), ("fprop", "attn.q"), ("fprop", "attn.kv"), ("fprop", "attn.o")},
     # the baseline regime's expectations replace the same-version bound with a recorded baseline
     "k3_mxfp4_lora": {("placement", "rollout.hardware"), ("placement", "trainer.hardware"),
                       ("expect", "same_version")},
-    "miles_mode1": {("placement", "rollout.max_tokens")},
-    "mxfp8_blackwell": {("placement", "rollout.max_tokens")} | {
+    "miles_mode1": set(),
+    "mxfp8_blackwell": {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
     "qwen38_nvfp4_lora": {("expect", "same_version")},
     "selective_nvfp4": set(),
-    "tiny_cpu": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "tiny_cpu": {("placement", "trainer.fp8_recipe")} | {
         ("fprop", f) for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")},
-    "unified_fp8": {("placement", "rollout.max_tokens")} | {
+    "unified_fp8": {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
-    "unified_fp8_fake_fwd": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "unified_fp8_fake_fwd": {("placement", "trainer.fp8_recipe")} | {
         ("fprop", f) for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")},
-    "unified_fp8_fake_fwd_bwd": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "unified_fp8_fake_fwd_bwd": {("placement", "trainer.fp8_recipe")} | {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
 }
@@ -352,7 +352,7 @@ def test_bundle_round_trip(name, tmp_path):
     assert compile_file(str(out)).ok
     assert _differences(diff(src, str(out))) == NOT_CARRIED[name]
     # every field the launch cannot state is announced
-    assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"rollout.max_tokens", "sync.bridge"}
+    assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"sync.bridge"}
 
 
 # -- a Miles launch script, as Miles' own example scripts write them ------------------------------
@@ -431,7 +431,8 @@ ROLLOUT_ARGS=(
    --hf-checkpoint "${BASE_DIR}/Qwen3-30B-A3B-FP8"
    --sglang-ep-size ${EP:-4}
 )
-python3 train.py "${FP8[@]}" "${ROLLOUT_ARGS[@]}" $(perf) --colocate --num-rollout $(nproc)
+python3 train.py "${FP8[@]}" "${ROLLOUT_ARGS[@]}" $(perf) --colocate --num-rollout $(nproc) \
+   --rollout-max-response-len $((1024 * 8)) --context-parallel-size 2 --custom-config-path "${BASE_DIR}/extra.yaml"
 """
 
 
@@ -445,6 +446,11 @@ def test_miles_script_expanded_as_bash(tmp_path):
     assert d["rollout"]["parallel"] == {"tp": 8, "ep": 4}
     assert d["trainer"]["parallel"] == {"tp": 4, "ep": 4}
     assert {r["scheme"] for r in d["trainer"]["rules"]} == {"fp8_block"}
+    assert d["rollout"]["max_tokens"] == 8192
+    assert "rollout.max_tokens" not in {x.path for x in imp.diagnostics}
+    assert ("PCC807", "--context-parallel-size") in {(x.code, x.path) for x in imp.diagnostics}  # never silent
+    extra = next(x for x in imp.diagnostics if x.path == "--custom-config-path")
+    assert extra.code == "PCC808" and "/root/shared/extra.yaml" in extra.message
     hf = next(x for x in imp.diagnostics if x.path == "--hf-checkpoint")
     assert "/root/shared/Qwen3-30B-A3B-FP8 is not a readable directory" in hf.message
     left = next(x for x in imp.diagnostics if x.path == "$(nproc)")
