@@ -307,8 +307,13 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
                 imp.warn("PCC807", f"override_transformer_config.{k} {e.value}: a TransformerConfig precision switch "
                          "pcc has no field for; the contract does not state it", f"{TC}.{k}", span=e.span)
         t["params"] = _dtype(imp, v, f"{MEGA}.dtype")
-        t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool)),
-                          "offload": bool(_typed(imp, v, f"{MEGA}.optimizer_offload", bool))}
+        t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool))}
+        _state_offload(imp, v, f"{MEGA}.optimizer_offload")
+        cp = _typed(imp, v, f"{MEGA}.context_parallel_size", int)
+        if cp not in (None, 1):
+            imp.warn("PCC807", f"megatron.context_parallel_size {cp}: a contract has no context parallelism; the "
+                     "trainer's parallel sizes leave it out", f"{MEGA}.context_parallel_size",
+                     span=v.span(f"{MEGA}.context_parallel_size"))
         par = _parallel(imp, v, MEGA, (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
                                        ("ep", "expert_model_parallel_size")))
         if par:
@@ -318,7 +323,8 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         t["rules"] = []
         t["params"] = _dtype(imp, v, f"{A}.fsdp_config.dtype")
         t["master"] = _dtype(imp, v, f"{A}.fsdp_config.model_dtype")
-        t["optimizer"] = {"offload": bool(_typed(imp, v, f"{A}.fsdp_config.optimizer_offload", bool))}
+        t["optimizer"] = {}
+        _state_offload(imp, v, f"{A}.fsdp_config.optimizer_offload")
         qat = f"{A}.fsdp_config.qat.enable"
         for var in sorted(env):
             if var.startswith("NVTE_"):
@@ -345,6 +351,16 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
             imp.warn("PCC804", f"optim.exp_avg_sq_dtype differs from exp_avg_dtype {t['moments']}: a contract states one "
                      "moments dtype", f"{optim}.exp_avg_sq_dtype", span=v.span(f"{optim}.exp_avg_sq_dtype"))
     imp.contract["trainer"] = t
+
+
+def _state_offload(imp: Imported, v: _View, key: str) -> None:
+    """verl's optimizer_offload moves the optimizer state to the CPU between training phases and back
+    to step on the GPU; the contract's `offload` is Megatron's CPU optimizer (it steps on the CPU, and
+    needs the precision-aware optimizer: PCC309), a different thing, so it is not imported as that."""
+    if _typed(imp, v, key, bool):
+        imp.warn("PCC807", f"{key}: verl moves the optimizer state to the CPU between training phases (it still "
+                 "steps on the GPU); a contract has no field for it ('offload' is Megatron's CPU optimizer)", key,
+                 span=v.span(key))
 
 
 def _dtype(imp: Imported, v: _View, key: str) -> str:

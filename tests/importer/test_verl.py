@@ -678,3 +678,32 @@ def test_an_entrypoint_pcc_cannot_read_is_refused_by_name(script, tmp_path):
         import_source("verl", str(src), "qwen3_8b", "H100")
     entry = next(w for w in script.split() if "main" in w)
     assert exc.value.code == "PCC801" and f"entrypoint {entry}" in exc.value.message and exc.value.path == "entrypoint"
+
+
+OFFLOAD_SCRIPT = """#!/bin/bash
+python3 -m verl.trainer.main_ppo \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+"""
+
+
+def test_optimizer_offload_is_verls_state_offload_not_megatrons_cpu_optimizer(tmp_path):
+    """verl's optimizer_offload moves state between phases: a PCC807 warning, never `offload` (PCC309 would
+    then refuse every FSDP job); a Megatron job's context parallelism is warned, not dropped silently."""
+    _verl_or_skip()
+    src = tmp_path / "run.sh"
+    src.write_text(OFFLOAD_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert "offload" not in imp.contract["trainer"]["optimizer"]
+    key = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    assert _at(imp, "PCC807", key).span.line == 4
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert "PCC309" not in {d.code for d in compile_file(str(out)).diagnostics}
+    src.write_text(MEGATRON_SCRIPT.replace("=True\n", "=True \\\n") +
+                   "    actor_rollout_ref.actor.megatron.optimizer_offload=True \\\n"
+                   "    actor_rollout_ref.actor.megatron.context_parallel_size=2\n")
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert "offload" not in imp.contract["trainer"]["optimizer"]
+    assert {("PCC807", "actor_rollout_ref.actor.megatron.optimizer_offload"),
+            ("PCC807", "actor_rollout_ref.actor.megatron.context_parallel_size")} <= _codes(imp)
