@@ -310,12 +310,10 @@ class Shell:
             return self._function(words[k + 1].literal, words, k + 2 + (nxt[1:3] == ["(", ")"]) * 2)
         if lit and _NAME.fullmatch(lit) and nxt[:2] == ["(", ")"]:
             return self._function(lit, words, k + 3)
-        j = k
+        j, prefix = k, True  # prefix: only assignments (and export ...) so far, so a NAME=v word assigns
         while j < len(words) and words[j].literal != SEP:
             w = words[j]
             m = _ASSIGN.match(w.parts[0][1]) if w.parts and w.parts[0][0] == "lit" and not w.parts[0][2] else None
-            prefix = all(words[x].literal in ("export", "local", "declare", "readonly") or
-                         (words[x].parts and _ASSIGN.match(words[x].parts[0][1] or "")) for x in range(k, j))
             if m and prefix and j + 1 < len(words) and words[j + 1].literal == "(" and w.raw.endswith("="):
                 j = self._array(m[1], bool(m[2]), words, j + 2)
                 continue
@@ -326,6 +324,7 @@ class Shell:
                 self.arrays.pop(name, None)
             for t, at in texts:
                 self._emit(t, w.offset if at < 0 else at)
+            prefix = prefix and bool(m or w.literal in ("export", "local", "declare", "readonly"))
             j += 1
         return j
 
@@ -333,9 +332,12 @@ class Shell:
         items: list[tuple[str, int]] = []
         while j < len(words) and words[j].literal != ")":
             if words[j].literal != SEP:
-                items += self._expand(words[j], 0)
+                items += [(t, words[j].offset if at < 0 else at) for t, at in self._expand(words[j], 0)]
             j += 1
-        self.arrays[name] = (self.arrays.get(name, []) if append else []) + items
+        items = (self.arrays.get(name, []) if append else []) + items
+        if len(items) > MAX_WORDS:
+            raise ShellError(f"an array of more than {MAX_WORDS} words")
+        self.arrays[name] = items
         self.vars.pop(name, None)
         return j + 1
 
@@ -399,6 +401,8 @@ class Shell:
             fields[-1][0] += items[0][0]
             fields += [[t, at] for t, at in items[1:]]
             started = True
+        if sum(len(t) for t, _ in fields) > MAX_TEXT:
+            raise ShellError(f"a word expands to more than {MAX_TEXT} characters")
         return [(t, at) for t, at in fields] if started or fields[0][0] else []
 
     def _part(self, kind: str, raw: str, depth: int) -> tuple[list[tuple[str, int]], bool] | None:

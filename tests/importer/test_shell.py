@@ -66,3 +66,11 @@ def test_expansion_is_bounded():
     text = "A=(" + "x " * 1000 + ")\n" + "y " + '"${A[@]}" ' * (MAX_WORDS // 1000 + 1)
     with pytest.raises(ShellError):
         expand(text)
+
+
+@pytest.mark.parametrize("text", ["A=(x)\n" + "A=(\"${A[@]}\" \"${A[@]}\")\n" * 20,
+                                  "A=xxxxxxxx\n" + "A=$A$A\n" * 20,
+                                  "f() { echo $(f); }\nx $(f)\n"])
+def test_doubling_and_recursion_are_bounded(text):
+    with pytest.raises(ShellError):
+        expand(text)
