@@ -527,8 +527,13 @@ def _check_keys(imp: Imported, v: _View) -> None:
 
     tree = table("verl").tree(v.config)
     te_fields = transformer_fields()
+    added = {k for k in v.job.own if _lookup(tree, k)[0] is False}
+    if added:
+        imp.warn("PCC808", f"entrypoint {v.job.entrypoint}: its config adds keys verl's trainer config does not have "
+                 f"({', '.join(sorted(added)[:4])}{f' and {len(added) - 4} more' if len(added) > 4 else ''}); pcc does not read them, so the contract "
+                 "states what verl's trainer runs with the rest (its sync and correction included)", "entrypoint")
     for key, e in v.job.entries.items():
-        if key == "model_engine":
+        if key == "model_engine" or table("verl").canonical(key) in added:
             continue
         found, default = _lookup(tree, key)
         _report(imp, key, e, found, default, te_fields)

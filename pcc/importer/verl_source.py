@@ -50,6 +50,7 @@ class Job:
     unread: list[tuple[str, Span | None]] = field(default_factory=list)  # `$@`, `$(..)`: computed at run time
     entrypoint: str | None = None  # the module or script the launch runs
     config_path: str | None = None  # --config-path
+    own: set[str] = field(default_factory=set)  # keys the entrypoint's own config sets (over verl's trainer config)
 
 
 class _Value:
@@ -303,25 +304,37 @@ def _script(job: Job) -> None:
 
 def _derived(job: Job) -> None:
     """An entrypoint other than main_ppo (a recipe's, the fully async trainer): read when the config it
-    composes is one of verl's trainer configs, or a config beside the script whose defaults list
-    extends one (its keys come first, the overrides win); refused otherwise."""
-    verl = table("verl")
-    if verl.config(job.config):
-        return
-    name = job.config and (job.config if job.config.endswith((".yaml", ".yml")) else job.config + ".yaml")
+    composes (`--config-name`, else its `@hydra.main` config_name) is one of verl's trainer configs, or a
+    YAML (under `--config-path` beside the script, or the entrypoint's own config folder, in the
+    installed verl or beside the script) whose defaults list extends one: its keys first, the overrides
+    win. Refused otherwise: what the entrypoint's own config composes is unknown."""
+    from pcc.lower.verify_verl import engine_dir
+
     here = Path(job.file).parent
-    path = next((p for p in (here / (job.config_path or "") / (name or ""), here / "config" / (name or ""))
-                 if name and p.is_file()), None)
+    mod = job.entrypoint.removesuffix(".py").replace(".", "/") if not job.entrypoint.endswith(".py") else None
+    sources = [r / f"{mod}.py" for r in (here, engine_dir())] if mod else [here / job.entrypoint]
+    source = next((p for p in sources if p.is_file()), None)
+    main = re.search(r"@hydra\.main\(([^)]*)\)", source.read_text(encoding="utf-8", errors="replace")) if source else None
+    declared = dict(re.findall(r"(config_path|config_name)\s*=\s*[\"']([^\"']*)[\"']", main[1])) if main else {}
+    name = job.config or declared.get("config_name")
+    if table("verl").config(name):
+        job.config = table("verl").config(name)
+        return
+    file = name and (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    folders = ([here / job.config_path] if job.config_path else []) + (
+        [source.parent / declared.get("config_path", "config")] if source else []) + [here / "config"]
+    path = next((d / file for d in folders if file and (d / file).is_file()), None)
     base = read_yaml(str(path)) if path else None
     if base is None or base.config is None:
         raise ImportFailed(
-            f"{job.file}: entrypoint {job.entrypoint} composes "
-            f"{'config ' + job.config if job.config else 'its own config'}, which "
-            f"{'is not beside the script' if job.config and path is None else 'does not extend a verl trainer config'}"
-            ": pcc reads the overrides of verl's trainer configs (ppo_trainer, ppo_megatron_trainer) only",
+            f"{job.file}: entrypoint {job.entrypoint} composes {'config ' + name if name else 'a config pcc cannot find'}"
+            f"{', which pcc cannot find' if name and path is None else ''}"
+            f"{', which does not extend a verl trainer config' if path else ''}: pcc reads jobs whose config is or "
+            "extends verl's trainer configs (ppo_trainer, ppo_megatron_trainer)",
             path="entrypoint", file=job.file,
             hint="import the trainer config the entrypoint extends, or the job's overrides for main_ppo")
     job.config = base.config
+    job.own = set(base.entries)
     job.defaults = base.defaults + job.defaults
     job.entries = {**base.entries, **job.entries}
 

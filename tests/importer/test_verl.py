@@ -667,9 +667,24 @@ def test_a_recipe_entrypoint_whose_config_extends_verls(tmp_path):
     assert t["engine"] == "megatron" and t["parallel"] == {"tp": 4, "pp": 2}
 
 
+def test_the_fully_async_entrypoint_reads_its_config_from_verl(tmp_path):
+    """verl's fully async trainer composes fully_async_ppo_megatron_trainer (in its own config folder of the
+    installed verl), which extends ppo_megatron_trainer."""
+    _verl_or_skip()
+    src = tmp_path / "run.sh"
+    src.write_text("python3 -m verl.experimental.fully_async_policy.fully_async_main "
+                   "--config-name=fully_async_ppo_megatron_trainer actor_rollout_ref.rollout.name=vllm \\\n"
+                   "    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2\n")
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainer"]["engine"] == "megatron" and imp.contract["trainer"]["parallel"] == {"tp": 2}
+    # its own keys (async_training.*) are not verl's trainer config's: one warning, not a PCC810 each
+    assert "async_training." in _at(imp, "PCC808", "entrypoint").message
+    assert not [d for d in imp.diagnostics if d.code == "PCC810"]
+
+
 @pytest.mark.parametrize("script", [
     RECIPE_SCRIPT,  # its config is not beside the script
-    "python3 -m verl.experimental.fully_async_policy.fully_async_main actor_rollout_ref.rollout.name=vllm\n",
+    "python3 -m recipe.mine.main_mine actor_rollout_ref.rollout.name=vllm\n",
 ])
 def test_an_entrypoint_pcc_cannot_read_is_refused_by_name(script, tmp_path):
     src = tmp_path / "run.sh"
