@@ -13,14 +13,14 @@ through `pcc import checkpoint`'s rules.
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.checkpoint import Decided, _define, decide_config, finish, load_model, method_of, rollout_rules
 from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
+from pcc.importer.shell import SEP, ShellError, expand, span_at
+from pcc.lang.diagnostics import Span
 from pcc.importer.te import BLOCK_FP32_ENV, UNMATCHED, decide, read_precision_file, recipe_scheme
 from pcc.importer.yamlsource import load, read_text
 from pcc.lower.engine_table import table
@@ -40,7 +40,6 @@ _KV = {v: k for k, v in sglang_tables()["kv_cache_dtype"].items() if v != "auto"
 _TRANSFER = {v: k for k, v in TRANSFER.items()}
 # Contract fields no Miles launch states: written as pcc's defaults, each reported once (PCC808).
 NOT_IN_A_LAUNCH = (
-    ("rollout.max_tokens", "no Miles or SGLang flag of the launch bounds the generation length the contract plans for"),
     ("rollout.record", "what rollout records follows from the routing replay flags; the contract's list is not a flag"),
     ("sync.bridge", "Miles derives the sync representation from the rollout checkpoint; no flag states it"),
     ("sync.activation", "Miles always activates a version atomically"),
@@ -49,33 +48,13 @@ NOT_IN_A_LAUNCH = (
 )
 
 
-def _tokens(text: str, file: str) -> list[str]:
+def _tokens(text: str, file: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """The script's words as bash passes them (statements end at SEP) and what stayed unexpanded."""
     try:
-        return shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError as exc:
+        out = expand(text)
+    except ShellError as exc:
         raise ImportFailed(f"{file}: cannot split into shell words ({exc})", file=file) from None
-
-
-_REF = re.compile(r"^\$(?:\{(\w+)\}|(\w+))$")
-_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
-
-
-def _substitute(tokens: list[str]) -> list[str]:
-    """A word that is exactly `$NAME` or `${NAME}` takes the value the script last assigned to
-    NAME (`RUNTIME_ENV_JSON="{...}"` then `--runtime-env-json="${RUNTIME_ENV_JSON}"`); anything
-    computed at run time stays as written."""
-    assigned: dict[str, str] = {}
-    out = []
-    for tok in tokens:
-        m = _ASSIGN.match(tok)
-        if m and not m[2].endswith("("):
-            assigned[m[1]] = m[2]
-        head, eq, tail = tok.partition("=") if tok.startswith("--") else ("", "", tok)
-        r = _REF.match(tail)
-        if r and (r[1] or r[2]) in assigned:
-            tail = assigned[r[1] or r[2]]
-        out.append(f"{head}{eq}{tail}" if eq else tail if not head else tok)
-    return out
+    return [w for w, _ in out.words], out.unexpanded
 
 
 def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
@@ -83,7 +62,6 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
     their canonical name in Miles' engine table (`--sglang-expert-parallel-size` is `--sglang-ep-size`)."""
     canonical = table("miles").canonical
     script, flags, exports = None, {}, []
-    tokens = _substitute(tokens)
     k = 0
     while k < len(tokens):
         tok = tokens[k]
@@ -97,7 +75,7 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
             j = k + 1
             while not eq and j < len(tokens) and not tokens[j].startswith("--") and tokens[j] not in (")", "\\") \
                     and Path(tokens[j]).name not in SCRIPTS:
-                if tokens[j].endswith("=(") or tokens[j] in ("&&", "||", ";", "|"):
+                if tokens[j] in ("&&", "||", ";", "|", SEP):
                     break
                 values.append(tokens[j])
                 j += 1
@@ -149,6 +127,7 @@ class Launch(Flags):
         self.quant_file: str | None = None
         self.te_file: Path | None = None
         self.expectations: Path | None = None
+        self.unexpanded: list[tuple[str, Span]] = []  # words computed when the script runs
         if self.bundle is not None:
             args = p / "miles" / "args.txt"
             if not args.is_file():
@@ -175,7 +154,8 @@ class Launch(Flags):
                 text = p.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise ImportFailed(f"{source}: unreadable ({exc})", file=source) from None
-            tokens = _tokens(text, source)
+            tokens, unexpanded = _tokens(text, source)
+            self.unexpanded = [(raw, span_at(source, text, at)) for raw, at in unexpanded]
         self.script, given, exports = parse_args(tokens)
         self.flags = table("miles").effective(given)  # what Miles sets itself (targets/miles.yaml applies)
         for e in exports:
@@ -213,6 +193,13 @@ def import_miles(source: str, model: str | None, hardware: str | None = None) ->
     _trainer(imp, launch, catalog)
     _sync_and_objective(imp, launch, catalog)
     read_expectations(imp, launch.expectations)
+    if launch.has("--custom-config-path"):
+        imp.warn("PCC808", f"--custom-config-path {launch.value('--custom-config-path')}: Miles sets the arguments "
+                 "that file names; pcc does not read it, so what it sets is not in the contract", "--custom-config-path",
+                 hint="pass those settings as flags of the launch to import them")
+    for raw, span in launch.unexpanded:
+        imp.warn("PCC808", f"{raw}: computed when the script runs (a command, or a variable the script does not "
+                 "assign); read as written", raw, span=span)
     if launch.value("--sglang-device") == "cpu" and hardware is None:
         hardware = "cpu"
     for field, why in NOT_IN_A_LAUNCH:
@@ -269,6 +256,9 @@ def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) 
             par[key] = n
     if par:
         block["parallel"] = par
+    n = launch.number("--rollout-max-response-len", int)
+    if n is not None:
+        block["max_tokens"] = n
     if launch.has("--sglang-enable-deterministic-inference"):
         block["deterministic"] = True
     dtype = launch.value("--sglang-dtype")
@@ -307,6 +297,10 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
             par[key] = n
     if par:
         t["parallel"] = par
+    cp = launch.number("--context-parallel-size", int, 1)
+    if cp != 1:
+        imp.warn("PCC807", f"--context-parallel-size {cp}: a contract has no context parallelism; the trainer's "
+                 "parallel sizes leave it out", "--context-parallel-size")
     for flag in ("--no-fp8-wgrad", "--fp4-param-gather", "--fp8-output-proj", "--keep-fp8-transpose-cache"):
         if launch.has(flag):
             imp.warn("PCC807", f"{flag}: pcc has no field for it; the contract does not state it", flag)

@@ -161,8 +161,8 @@ def _strategy(imp: Imported, v: _View) -> bool:
                            "imports the megatron and fsdp/fsdp2 actors", path=f"{A}.strategy", file=job.file,
                            span=v.span(f"{A}.strategy"))
     for word, span in job.unread:
-        imp.warn("PCC808", f"{word}: overrides the script takes at run time are not read; the contract states what "
-                 "the script itself sets", "overrides", span=span)
+        imp.warn("PCC808", f"{word}: computed when the script runs (`$@`, a command, a variable the script does not "
+                 "assign), read as written; the contract states what the script itself sets", "overrides", span=span)
     for text, span in job.defaults:
         imp.warn("PCC810", f"defaults entry {text!r}: pcc reads the trainer config and model_engine of a defaults "
                  "list; the keys this entry brings are not checked", "defaults", span=span)
@@ -307,8 +307,13 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
                 imp.warn("PCC807", f"override_transformer_config.{k} {e.value}: a TransformerConfig precision switch "
                          "pcc has no field for; the contract does not state it", f"{TC}.{k}", span=e.span)
         t["params"] = _dtype(imp, v, f"{MEGA}.dtype")
-        t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool)),
-                          "offload": bool(_typed(imp, v, f"{MEGA}.optimizer_offload", bool))}
+        t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool))}
+        _state_offload(imp, v, f"{MEGA}.optimizer_offload")
+        cp = _typed(imp, v, f"{MEGA}.context_parallel_size", int)
+        if cp not in (None, 1):
+            imp.warn("PCC807", f"megatron.context_parallel_size {cp}: a contract has no context parallelism; the "
+                     "trainer's parallel sizes leave it out", f"{MEGA}.context_parallel_size",
+                     span=v.span(f"{MEGA}.context_parallel_size"))
         par = _parallel(imp, v, MEGA, (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
                                        ("ep", "expert_model_parallel_size")))
         if par:
@@ -318,7 +323,8 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         t["rules"] = []
         t["params"] = _dtype(imp, v, f"{A}.fsdp_config.dtype")
         t["master"] = _dtype(imp, v, f"{A}.fsdp_config.model_dtype")
-        t["optimizer"] = {"offload": bool(_typed(imp, v, f"{A}.fsdp_config.optimizer_offload", bool))}
+        t["optimizer"] = {}
+        _state_offload(imp, v, f"{A}.fsdp_config.optimizer_offload")
         qat = f"{A}.fsdp_config.qat.enable"
         for var in sorted(env):
             if var.startswith("NVTE_"):
@@ -345,6 +351,16 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
             imp.warn("PCC804", f"optim.exp_avg_sq_dtype differs from exp_avg_dtype {t['moments']}: a contract states one "
                      "moments dtype", f"{optim}.exp_avg_sq_dtype", span=v.span(f"{optim}.exp_avg_sq_dtype"))
     imp.contract["trainer"] = t
+
+
+def _state_offload(imp: Imported, v: _View, key: str) -> None:
+    """verl's optimizer_offload moves the optimizer state to the CPU between training phases and back
+    to step on the GPU; the contract's `offload` is Megatron's CPU optimizer (it steps on the CPU, and
+    needs the precision-aware optimizer: PCC309), a different thing, so it is not imported as that."""
+    if _typed(imp, v, key, bool):
+        imp.warn("PCC807", f"{key}: verl moves the optimizer state to the CPU between training phases (it still "
+                 "steps on the GPU); a contract has no field for it ('offload' is Megatron's CPU optimizer)", key,
+                 span=v.span(key))
 
 
 def _dtype(imp: Imported, v: _View, key: str) -> str:
@@ -511,8 +527,13 @@ def _check_keys(imp: Imported, v: _View) -> None:
 
     tree = table("verl").tree(v.config)
     te_fields = transformer_fields()
+    added = {k for k in v.job.own if _lookup(tree, k)[0] is False}
+    if added:
+        imp.warn("PCC808", f"entrypoint {v.job.entrypoint}: its config adds keys verl's trainer config does not have "
+                 f"({', '.join(sorted(added)[:4])}{f' and {len(added) - 4} more' if len(added) > 4 else ''}); pcc does not read them, so the contract "
+                 "states what verl's trainer runs with the rest (its sync and correction included)", "entrypoint")
     for key, e in v.job.entries.items():
-        if key == "model_engine":
+        if key == "model_engine" or table("verl").canonical(key) in added:
             continue
         found, default = _lookup(tree, key)
         _report(imp, key, e, found, default, te_fields)

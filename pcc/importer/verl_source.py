@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcc.importer import ImportFailed
+from pcc.importer.shell import SEP, ShellError, expand, span_at
 from pcc.importer.yamlsource import load, read_text
 from pcc.lang.diagnostics import Span
 from pcc.lower.engine_table import table
@@ -25,7 +26,7 @@ _OVERRIDE = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w\-]*(?:[.@/][A-Za-z_0-9][\w\-
 _INT = re.compile(r"^[+-]?(?:0|[1-9](?:_?\d)*)$")
 _FLOAT = re.compile(r"^[+-]?(?:(?:\d(?:_?\d)*)?\.\d(?:_?\d)*(?:[eE][+-]?\d(?:_?\d)*)?|\d(?:_?\d)*\.(?:[eE][+-]?\d(?:_?\d)*)?"
                     r"|\d(?:_?\d)*[eE][+-]?\d(?:_?\d)*|inf|nan)$", re.I)
-_REF = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+_PYTHON = re.compile(r"(^|[\s/(])python[\d.]*\s+(-\S+\s+)*(-m\s+)?\S")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
 
 
@@ -46,7 +47,10 @@ class Job:
     config: str | None = None  # --config-name, or the YAML's defaults list
     defaults: list[tuple[str, Span | None]] = field(default_factory=list)  # other defaults-list entries
     exports: dict[str, tuple[str, Span | None]] = field(default_factory=dict)
-    unread: list[tuple[str, Span | None]] = field(default_factory=list)  # `$@`, `$EXTRA`: expanded at run time
+    unread: list[tuple[str, Span | None]] = field(default_factory=list)  # `$@`, `$(..)`: computed at run time
+    entrypoint: str | None = None  # the module or script the launch runs
+    config_path: str | None = None  # --config-path
+    own: set[str] = field(default_factory=set)  # keys the entrypoint's own config sets (over verl's trainer config)
 
 
 class _Value:
@@ -169,12 +173,6 @@ def parse_value(text: str) -> object:
     return _Value(text).parse()
 
 
-def _span(file: str, text: str, offset: int) -> Span:
-    line = text.count("\n", 0, offset) + 1
-    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
-    return Span(file, line, col)
-
-
 def add_override(job: Job, word: str, span: Span | None) -> None:
     """One Hydra override `[+|++|~]key[=value]` into the job (a later one wins, as in Hydra)."""
     m = _OVERRIDE.match(word)
@@ -192,27 +190,23 @@ def add_override(job: Job, word: str, span: Span | None) -> None:
 
 
 def read_overrides(path: str) -> Job:
-    """A script (`python3 -m verl.trainer.main_ppo [--config-name N] OVERRIDES`) or an argument
-    file (one override a line, as pcc writes verl/overrides.txt)."""
+    """A script (`python3 -m verl.trainer.main_ppo [--config-name N] OVERRIDES`, or another entrypoint
+    whose config derives from verl's trainer configs) or an argument file (one override a line, as pcc
+    writes verl/overrides.txt)."""
     text = read_text(path, "verl job")
     job = Job(path, text)
-    logical = _logical_lines(text)
-    is_script = any(ENTRY.search(w) for _, line in logical for w in line.split())
-    assigned: dict[str, str] = {}
-    for offset, line in logical:
+    if _PYTHON.search(text) or any(ENTRY.search(w) for w in text.split()):
+        _script(job)
+        return job
+    for offset, line in _logical_lines(text):
         try:
             words = shlex.split(line, comments=True)
         except ValueError as exc:
             raise ImportFailed(f"{path}: cannot split into shell words ({exc})", file=path,
-                               span=_span(path, text, offset)) from None
-        if not is_script:
-            if words:
-                word = line.strip()
-                add_override(job, word, _span(path, text, offset + line.index(word[:1])))
-            continue
-        _script_line(job, words, line, offset, assigned)
-    if is_script and not job.entries and job.config is None:
-        raise ImportFailed(f"{path}: no main_ppo command with Hydra overrides found", file=path)
+                               span=span_at(path, text, offset)) from None
+        if words:
+            word = line.strip()
+            add_override(job, word, span_at(path, text, offset + line.index(word[:1])))
     return job
 
 
@@ -236,61 +230,113 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def _script_line(job: Job, words: list[str], line: str, offset: int, assigned: dict[str, str]) -> None:
-    """Shell assignments (`NAME=v`, `export NAME=v`) and the main_ppo command's overrides; a word
-    `key=$NAME` takes what the script assigned to NAME (computed values stay as written)."""
-    k = 0
-    cursor = 0
-    in_array = False  # `cmd=(python3 -m verl.trainer.main_ppo ...)`: the array's `)` ends the command
-    has_entry = any(ENTRY.search(w) for w in words)
-
-    def locate(word: str) -> Span:
-        nonlocal cursor
-        probe = word.split("=", 1)[0]
-        at = line.find(probe, cursor)
-        if at < 0:
-            at = cursor
-        cursor = at + len(probe)
-        return _span(job.file, job.text, offset + at)
-
-    while k < len(words):
-        w = words[k]
+def _entry(words: list[str]) -> tuple[int, str] | None:
+    """(index, name) of the Python entrypoint a command runs: `python3 -m MODULE` or `python3 SCRIPT.py`
+    (interpreter options skipped), or a word naming main_ppo."""
+    for i, w in enumerate(words):
         if ENTRY.search(w):
-            break
-        m = _ASSIGN.match(w)
-        if m and m[2].startswith("("):
-            in_array = True
-        elif m:
-            assigned[m[1]] = m[2]
-            if (k > 0 and words[k - 1] == "export") or has_entry:  # exported, or the command's own prefix
-                job.exports[m[1]] = (m[2], locate(w))
-        k += 1
-    else:
+            return i, w
+        if re.fullmatch(r"python[\d.]*", Path(w).name):
+            j = i + 1
+            while j < len(words) and words[j].startswith("-") and words[j] != "-m":
+                j += 1
+            if j + 1 < len(words) and words[j] == "-m":
+                return j + 1, words[j + 1]
+            if j < len(words) and words[j].endswith(".py"):
+                return j, words[j]
+    return None
+
+
+def _script(job: Job) -> None:
+    """The script as bash expands it (pcc.importer.shell); the exports and the entrypoint command's
+    overrides. What bash would compute at run time is kept as written and listed in job.unread."""
+    try:
+        out = expand(job.text)
+    except ShellError as exc:
+        raise ImportFailed(f"{job.file}: cannot split into shell words ({exc})", file=job.file) from None
+    statements: list[list[tuple[str, int]]] = [[]]
+    for word, at in out.words:
+        if word == SEP:
+            statements.append([])
+        else:
+            statements[-1].append((word, at))
+    entries, used = [], set()
+    for stmt in statements:
+        words = [w for w, _ in stmt]
+        found = _entry(words)
+        head = words[:found[0]] if found else words[:2]
+        for i, w in enumerate(head):
+            m = _ASSIGN.match(w)
+            if m and (found or (i == 1 and words[0] == "export")):
+                job.exports[m[1]] = (m[2], span_at(job.file, job.text, stmt[i][1]))
+        if found is None:
+            continue
+        entries.append(found[1])
+        k = found[0] + 1
+        while k < len(stmt):
+            w, at = stmt[k]
+            if w in ("&&", "||", "|", "&", ";;") or w.startswith((">", "<", "2>", "1>")):
+                break
+            used.add(at)
+            span = span_at(job.file, job.text, at)
+            if w in ("--config-name", "-cn", "--config-path", "-cp") and k + 1 < len(stmt):
+                if w in ("--config-name", "-cn"):
+                    job.config = stmt[k + 1][0]
+                else:
+                    job.config_path = stmt[k + 1][0]
+                k += 2
+                continue
+            if w.startswith(("--config-name=", "--config-path=")):
+                setattr(job, "config" if w.startswith("--config-name=") else "config_path", w.split("=", 1)[1])
+            elif not w.startswith("-") and not (w.startswith("$") and "=" not in w):
+                add_override(job, w, span)
+            k += 1
+    job.unread = [(raw, span_at(job.file, job.text, at)) for raw, at in out.unexpanded if at in used]
+    if not entries:
+        raise ImportFailed(f"{job.file}: no Python entrypoint (python3 -m verl.trainer.main_ppo ...) found",
+                           file=job.file)
+    job.entrypoint = entries[-1]
+    if not ENTRY.search(job.entrypoint):
+        _derived(job)
+    elif not job.entries and job.config is None:
+        raise ImportFailed(f"{job.file}: no main_ppo command with Hydra overrides found", file=job.file)
+
+
+def _derived(job: Job) -> None:
+    """An entrypoint other than main_ppo (a recipe's, the fully async trainer): read when the config it
+    composes (`--config-name`, else its `@hydra.main` config_name) is one of verl's trainer configs, or a
+    YAML (under `--config-path` beside the script, or the entrypoint's own config folder, in the
+    installed verl or beside the script) whose defaults list extends one: its keys first, the overrides
+    win. Refused otherwise: what the entrypoint's own config composes is unknown."""
+    from pcc.lower.verify_verl import engine_dir
+
+    here = Path(job.file).parent
+    mod = job.entrypoint.removesuffix(".py").replace(".", "/") if not job.entrypoint.endswith(".py") else None
+    sources = [r / f"{mod}.py" for r in (here, engine_dir())] if mod else [here / job.entrypoint]
+    source = next((p for p in sources if p.is_file()), None)
+    main = re.search(r"@hydra\.main\(([^)]*)\)", source.read_text(encoding="utf-8", errors="replace")) if source else None
+    declared = dict(re.findall(r"(config_path|config_name)\s*=\s*[\"']([^\"']*)[\"']", main[1])) if main else {}
+    name = job.config or declared.get("config_name")
+    if table("verl").config(name):
+        job.config = table("verl").config(name)
         return
-    k += 1
-    while k < len(words):
-        w = words[k]
-        if w in ("&&", "||", ";", "|", "&", "2>&1", ")") or w.startswith((">", "2>")):
-            break
-        last = in_array and w.endswith(")")
-        w = w[:-1] if last else w
-        if w in ("--config-name", "-cn") and k + 1 < len(words):
-            job.config = words[k + 1]
-            k += 2
-            continue
-        if w.startswith("--config-name="):
-            job.config = w.split("=", 1)[1]
-        elif w in ("--config-path", "-cp"):
-            k += 2
-            continue
-        elif w.startswith("$") and "=" not in w:
-            job.unread.append((w, locate(w)))
-        elif not w.startswith("-"):
-            w = _REF.sub(lambda r: assigned.get(r[1] or r[2], r[0]), w) if "$" in w else w
-            add_override(job, w, locate(w))
-        if last:
-            break
-        k += 1
+    file = name and (name if name.endswith((".yaml", ".yml")) else name + ".yaml")
+    folders = ([here / job.config_path] if job.config_path else []) + (
+        [source.parent / declared.get("config_path", "config")] if source else []) + [here / "config"]
+    path = next((d / file for d in folders if file and (d / file).is_file()), None)
+    base = read_yaml(str(path)) if path else None
+    if base is None or base.config is None:
+        raise ImportFailed(
+            f"{job.file}: entrypoint {job.entrypoint} composes {'config ' + name if name else 'a config pcc cannot find'}"
+            f"{', which pcc cannot find' if name and path is None else ''}"
+            f"{', which does not extend a verl trainer config' if path else ''}: pcc reads jobs whose config is or "
+            "extends verl's trainer configs (ppo_trainer, ppo_megatron_trainer)",
+            path="entrypoint", file=job.file,
+            hint="import the trainer config the entrypoint extends, or the job's overrides for main_ppo")
+    job.config = base.config
+    job.own = set(base.entries)
+    job.defaults = base.defaults + job.defaults
+    job.entries = {**base.entries, **job.entries}
 
 
 def read_yaml(path: str) -> Job:

@@ -293,30 +293,30 @@ def test_llm_compressor_example_configs_compile_back(preset, model, ignore, tmp_
 # -- the round trip over every shipped contract --------------------------------------------------
 
 # What a bundle's artifacts cannot carry, per contract: (diff section, field) or (component, family).
-# Everything else must come back identical (pcc diff finds nothing else).
+# Everything else must come back identical (pcc diff finds nothing else). rollout.max_tokens is carried
+# (--rollout-max-response-len is read back).
 NOT_CARRIED = {
-    "bf16_baseline": {("placement", "rollout.max_tokens")},
-    "glm52_fp8_rollout": {("placement", "rollout.max_tokens"), ("placement", "rollout.hardware"),
-                          ("placement", "trainer.hardware")},
+    "bf16_baseline": set(),
+    "glm52_fp8_rollout": {("placement", "rollout.hardware"), ("placement", "trainer.hardware")},
     # Miles' INT4 QAT fake-quantizes routed experts only; the sync bridge is not a flag
     "int4_qat_w4a16": {("sync", "sync.bridge"), ("fprop", "attn.q"), ("fprop", "attn.kv"), ("fprop", "attn.o")},
     # the baseline regime's expectations replace the same-version bound with a recorded baseline
     "k3_mxfp4_lora": {("placement", "rollout.hardware"), ("placement", "trainer.hardware"),
                       ("expect", "same_version")},
-    "miles_mode1": {("placement", "rollout.max_tokens")},
-    "mxfp8_blackwell": {("placement", "rollout.max_tokens")} | {
+    "miles_mode1": set(),
+    "mxfp8_blackwell": {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
     "qwen38_nvfp4_lora": {("expect", "same_version")},
     "selective_nvfp4": set(),
-    "tiny_cpu": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "tiny_cpu": {("placement", "trainer.fp8_recipe")} | {
         ("fprop", f) for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")},
-    "unified_fp8": {("placement", "rollout.max_tokens")} | {
+    "unified_fp8": {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
-    "unified_fp8_fake_fwd": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "unified_fp8_fake_fwd": {("placement", "trainer.fp8_recipe")} | {
         ("fprop", f) for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")},
-    "unified_fp8_fake_fwd_bwd": {("placement", "rollout.max_tokens"), ("placement", "trainer.fp8_recipe")} | {
+    "unified_fp8_fake_fwd_bwd": {("placement", "trainer.fp8_recipe")} | {
         (c, f) for c in ("fprop", "dgrad", "wgrad") for f in ("attn.q", "attn.kv", "attn.o", "experts.gate_up",
                                                                 "experts.down")},
 }
@@ -352,7 +352,7 @@ def test_bundle_round_trip(name, tmp_path):
     assert compile_file(str(out)).ok
     assert _differences(diff(src, str(out))) == NOT_CARRIED[name]
     # every field the launch cannot state is announced
-    assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"rollout.max_tokens", "sync.bridge"}
+    assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"sync.bridge"}
 
 
 # -- a Miles launch script, as Miles' own example scripts write them ------------------------------
@@ -417,6 +417,45 @@ def test_miles_script_int4_qat_drift(tmp_path):
     assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e4m3"} in d["rollout"]["rules"]
     c = compile_file(str(_save(imp, tmp_path)))
     assert "PCC403" in {x.code for x in c.diagnostics}  # pcc check names the same drift
+
+
+EXPANDED = r"""#!/bin/bash
+BASE_DIR=/root/shared
+TP=2
+FP8=(--fp8-format e4m3 --fp8-recipe blockwise)
+perf() {
+  echo --tensor-model-parallel-size $((TP * 2)) --expert-model-parallel-size $((TP + 2))
+}
+ROLLOUT_ARGS=(
+   --rollout-num-gpus-per-engine $((TP * 4))
+   --hf-checkpoint "${BASE_DIR}/Qwen3-30B-A3B-FP8"
+   --sglang-ep-size ${EP:-4}
+)
+python3 train.py "${FP8[@]}" "${ROLLOUT_ARGS[@]}" $(perf) --colocate --num-rollout $(nproc) \
+   --rollout-max-response-len $((1024 * 8)) --context-parallel-size 2 --custom-config-path "${BASE_DIR}/extra.yaml"
+"""
+
+
+def test_miles_script_expanded_as_bash(tmp_path):
+    """Arrays in quotes, a variable inside a word, arithmetic over what the script assigned and a
+    function that echoes flags: read where bash passes them; a command substitution stays, warned."""
+    script = tmp_path / "run-qwen3-30B-A3B-fp8.sh"
+    script.write_text(EXPANDED)
+    imp = import_source("miles", str(script), "qwen3_30b_a3b", "H100")
+    d = imp.contract
+    assert d["rollout"]["parallel"] == {"tp": 8, "ep": 4}
+    assert d["trainer"]["parallel"] == {"tp": 4, "ep": 4}
+    assert {r["scheme"] for r in d["trainer"]["rules"]} == {"fp8_block"}
+    assert d["rollout"]["max_tokens"] == 8192
+    assert "rollout.max_tokens" not in {x.path for x in imp.diagnostics}
+    assert ("PCC807", "--context-parallel-size") in {(x.code, x.path) for x in imp.diagnostics}  # never silent
+    extra = next(x for x in imp.diagnostics if x.path == "--custom-config-path")
+    assert extra.code == "PCC808" and "/root/shared/extra.yaml" in extra.message
+    hf = next(x for x in imp.diagnostics if x.path == "--hf-checkpoint")
+    assert "/root/shared/Qwen3-30B-A3B-FP8 is not a readable directory" in hf.message
+    left = next(x for x in imp.diagnostics if x.path == "$(nproc)")
+    assert left.code == "PCC808" and left.span.line == EXPANDED.splitlines().index(
+        next(x for x in EXPANDED.splitlines() if "$(nproc)" in x)) + 1
 
 
 def _save(imp, tmp_path):

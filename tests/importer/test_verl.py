@@ -594,3 +594,131 @@ def test_engine_kwargs_are_checked_against_the_rollout_engines_table(tmp_path):
     (typo,) = [d for d in imp.diagnostics if d.code == "PCC810"]
     assert typo.path.endswith("engine_kwargs.vllm.enable_prefix_cachin") and "enable_prefix_caching" in typo.hint
     assert {"components": ["rollout"], "patterns": ["kv_cache"], "scheme": "fp8_e4m3"} in imp.contract["rollout"]["rules"]
+
+
+ARRAY_SCRIPT = """#!/bin/bash
+set -x
+NODES=1
+GPUS=8
+TP=2
+FP8=(
+    +actor_rollout_ref.actor.megatron.override_transformer_config.fp8=e4m3
+    +actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe=blockwise
+    actor_rollout_ref.rollout.calculate_log_prob=True
+)
+MODEL_DIR=/data/models
+python3 -m verl.trainer.main_ppo --config-name='ppo_megatron_trainer.yaml' \\
+    "${FP8[@]}" \\
+    actor_rollout_ref.model.path="${MODEL_DIR}/Qwen3-8B" \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=${TP} \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=$((TP * 2)) \\
+    trainer.n_gpus_per_node=$((GPUS / NODES)) \\
+    trainer.experiment_name=run-$(date +%s) $@
+"""
+
+
+def test_script_expanded_as_bash(tmp_path):
+    """Overrides in a bash array, `${VAR}` inside a value and `$((..))` over assigned names are read as bash
+    passes them (issue 26); a command substitution and `$@` stay as written, each a PCC808 at its line."""
+    _verl_or_skip()
+    src = tmp_path / "run_qwen3_8b_fp8.sh"
+    src.write_text(ARRAY_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    t = imp.contract["trainer"]
+    assert t["engine"] == "megatron" and t["parallel"] == {"tp": 2}
+    assert {r["scheme"] for r in t["rules"]} == {"fp8_block"}
+    assert imp.contract["rollout"]["parallel"] == {"tp": 4}
+    lines = ARRAY_SCRIPT.splitlines()
+    unread = sorted((d.message.split(":")[0], d.span.line) for d in imp.diagnostics if d.path == "overrides")
+    line = next(n for n, x in enumerate(lines, 1) if "$(date" in x)
+    assert unread == [("$(date +%s)", line), ("$@", line)]
+    typo = _at(imp, "PCC810", "actor_rollout_ref.rollout.calculate_log_prob")  # positioned in the array
+    assert typo.span.line == next(n for n, x in enumerate(lines, 1) if "calculate_log_prob=" in x)
+
+
+RECIPE_SCRIPT = """#!/bin/bash
+python3 -m recipe.dapo.main_dapo --config-path=config --config-name='dapo_megatron_trainer.yaml' \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4
+"""
+RECIPE_CONFIG = """hydra:
+  searchpath:
+    - file://verl/trainer/config
+defaults:
+  - ppo_megatron_trainer
+  - _self_
+actor_rollout_ref:
+  actor:
+    megatron:
+      pipeline_model_parallel_size: 2
+"""
+
+
+def test_a_recipe_entrypoint_whose_config_extends_verls(tmp_path):
+    """DAPO's entrypoint composes its own config, which extends ppo_megatron_trainer: its keys, then the overrides."""
+    _verl_or_skip()
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "dapo_megatron_trainer.yaml").write_text(RECIPE_CONFIG)
+    src = tmp_path / "run_dapo.sh"
+    src.write_text(RECIPE_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    t = imp.contract["trainer"]
+    assert t["engine"] == "megatron" and t["parallel"] == {"tp": 4, "pp": 2}
+
+
+def test_the_fully_async_entrypoint_reads_its_config_from_verl(tmp_path):
+    """verl's fully async trainer composes fully_async_ppo_megatron_trainer (in its own config folder of the
+    installed verl), which extends ppo_megatron_trainer."""
+    _verl_or_skip()
+    src = tmp_path / "run.sh"
+    src.write_text("python3 -m verl.experimental.fully_async_policy.fully_async_main "
+                   "--config-name=fully_async_ppo_megatron_trainer actor_rollout_ref.rollout.name=vllm \\\n"
+                   "    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2\n")
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainer"]["engine"] == "megatron" and imp.contract["trainer"]["parallel"] == {"tp": 2}
+    # its own keys (async_training.*) are not verl's trainer config's: one warning, not a PCC810 each
+    assert "async_training." in _at(imp, "PCC808", "entrypoint").message
+    assert not [d for d in imp.diagnostics if d.code == "PCC810"]
+
+
+@pytest.mark.parametrize("script", [
+    RECIPE_SCRIPT,  # its config is not beside the script
+    "python3 -m recipe.mine.main_mine actor_rollout_ref.rollout.name=vllm\n",
+])
+def test_an_entrypoint_pcc_cannot_read_is_refused_by_name(script, tmp_path):
+    src = tmp_path / "run.sh"
+    src.write_text(script)
+    with pytest.raises(ImportFailed) as exc:
+        import_source("verl", str(src), "qwen3_8b", "H100")
+    entry = next(w for w in script.split() if "main" in w)
+    assert exc.value.code == "PCC801" and f"entrypoint {entry}" in exc.value.message and exc.value.path == "entrypoint"
+
+
+OFFLOAD_SCRIPT = """#!/bin/bash
+python3 -m verl.trainer.main_ppo \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+"""
+
+
+def test_optimizer_offload_is_verls_state_offload_not_megatrons_cpu_optimizer(tmp_path):
+    """verl's optimizer_offload moves state between phases: a PCC807 warning, never `offload` (PCC309 would
+    then refuse every FSDP job); a Megatron job's context parallelism is warned, not dropped silently."""
+    _verl_or_skip()
+    src = tmp_path / "run.sh"
+    src.write_text(OFFLOAD_SCRIPT)
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert "offload" not in imp.contract["trainer"]["optimizer"]
+    key = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+    assert _at(imp, "PCC807", key).span.line == 4
+    out = tmp_path / "imported.prec"
+    out.write_text(imp.text())
+    assert "PCC309" not in {d.code for d in compile_file(str(out)).diagnostics}
+    src.write_text(MEGATRON_SCRIPT.replace("=True\n", "=True \\\n") +
+                   "    actor_rollout_ref.actor.megatron.optimizer_offload=True \\\n"
+                   "    actor_rollout_ref.actor.megatron.context_parallel_size=2\n")
+    imp = import_source("verl", str(src), "qwen3_8b", "H100")
+    assert "offload" not in imp.contract["trainer"]["optimizer"]
+    assert {("PCC807", "actor_rollout_ref.actor.megatron.optimizer_offload"),
+            ("PCC807", "actor_rollout_ref.actor.megatron.context_parallel_size")} <= _codes(imp)
