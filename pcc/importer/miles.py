@@ -59,8 +59,9 @@ def _tokens(text: str, file: str) -> tuple[list[str], list[tuple[str, int]]]:
 
 def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
     """(entry script, flag -> values of its last occurrence, `export` assignments). Flags are keyed by
-    their canonical name in Miles' engine table (`--sglang-expert-parallel-size` is `--sglang-ep-size`)."""
-    canonical = table("miles").canonical
+    their canonical name in Miles' engine table (`--sglang-expert-parallel-size` is `--sglang-ep-size`); a
+    negation (`--sglang-no-X` of a BooleanOptionalAction) turns its switch off."""
+    miles = table("miles")
     script, flags, exports = None, {}, []
     k = 0
     while k < len(tokens):
@@ -79,8 +80,10 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
                     break
                 values.append(tokens[j])
                 j += 1
-            if name not in _RAY:
-                flags[canonical(name)] = values
+            if (off := miles.negated(name)) is not None:
+                flags.pop(off, None)
+            elif name not in _RAY:
+                flags[miles.canonical(name)] = values
             elif name == "--runtime-env-json" and values:
                 exports.append("--runtime-env-json=" + values[0])
             k = j

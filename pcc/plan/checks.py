@@ -256,7 +256,7 @@ def trainer_engine(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if t.param_gather == "fp8" and opt.offload and recipe != "delayed":
         rep.error("PCC305", f"FP8 parameter all-gather with CPU optimizer offload needs delayed scaling, "
                   f"not '{recipe}'", smap.find("trainer.optimizer"), path="trainer.optimizer")
-    if opt.offload and not opt.precision_aware:
+    if t.engine == "megatron" and opt.offload and not opt.precision_aware:  # FSDP2 offloads with CPUOffloadPolicy
         rep.error("PCC309", "CPU optimizer offload needs the precision-aware optimizer",
                   smap.find("trainer.optimizer"), path="trainer.optimizer", hint="add 'precision_aware'")
     if not opt.precision_aware and (t.master, t.moments) != ("fp32", "fp32"):

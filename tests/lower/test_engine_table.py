@@ -204,3 +204,11 @@ def test_lowering_writes_through_the_table(tmp_path, monkeypatch):
     c = compile_file(str(path))
     bad = [d for d in c.diagnostics if d.code == "PCC614"]
     assert bad and all(d.span.line == 18 and "fp9_e9m9" in d.message for d in bad)
+
+
+def test_a_miles_launch_reads_a_negation_as_off():
+    from pcc.importer.miles import parse_args
+
+    _, flags, _ = parse_args(["python3", "train.py", "--sglang-dcp-replicate-q-proj", "--sglang-no-dcp-replicate-q-proj",
+                              "--sglang-ep", "4"])
+    assert flags == {"--sglang-ep-size": ["4"]}

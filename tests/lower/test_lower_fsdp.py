@@ -315,3 +315,12 @@ def test_torchaos_int4_grid_is_what_pcc612_says():
     out = subprocess.run([sys.executable, "-c", code, str(where)], capture_output=True, text=True, timeout=300)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert abs(got["ratio"] - 7.5) < 1e-4 and got["highest"] == 7
+
+
+def test_cpu_offload_on_fsdp_needs_no_precision_aware_optimizer(tmp_path):
+    """PCC309 is Megatron's rule (its CPU optimizer offload runs inside the precision-aware optimizer);
+    FSDP2 offloads with CPUOffloadPolicy, which the trainer file turns on."""
+    plan = _text(tmp_path, "    optimizer adam distributed offload")
+    c = compile_file(str(tmp_path / "c.prec"))
+    assert c.ok and "PCC309" not in {d.code for d in c.diagnostics}
+    assert _doc(plan)["cpu_offload"] is True
