@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from pcc.lang.diagnostics import Span
+from pcc.lang.diagnostics import PccError, Span
 
 MAX_TEXT = 1 << 20  # characters of script read
 MAX_WORDS = 100_000  # words produced, all expansions together
@@ -27,7 +27,7 @@ _ASSIGN = re.compile(r"^([A-Za-z_]\w*)(\+?)=")
 _OPS = ("&&", "||", ";;", "|", "&", ";")
 
 
-class ShellError(ValueError):
+class ShellError(PccError, ValueError):
     """The text is not bash this reader can split (an unterminated quote or substitution)."""
 
 
