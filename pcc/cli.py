@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -445,7 +446,19 @@ def _machine_output(rep: Report, exit_code: int) -> str:
         from pcc.lang.reporting import sarif
 
         return json.dumps(sarif(rep.diagnostics, __version__), indent=1) + "\n"
-    return json.dumps(rep.envelope(exit_code), indent=1, default=str) + "\n"
+    return json.dumps(_finite(rep.envelope(exit_code)), indent=1, default=str, allow_nan=False) + "\n"
+
+
+def _finite(doc):
+    """`doc` with every NaN or infinite float as null: JSON has no NaN, and a bare `NaN` (json.dumps'
+    default) makes the one document --json promises unreadable to strict parsers (jq, JSON.parse)."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite(v) for v in doc]
+    return doc
 
 
 def _command_of(argv: list[str]) -> str:

@@ -351,3 +351,18 @@ def test_github_and_sarif_carry_errors_without_a_position(files, capsys):
     assert main(["check", str(files / "empty"), "--output-format", "sarif"]) == 2
     result = json.loads(capsys.readouterr().out)["runs"][0]["results"][0]
     assert "ruleId" not in result and result["level"] == "error"
+
+
+def test_the_json_envelope_is_strict_json_when_a_result_is_not_finite():
+    """`validate --json` can carry a NaN metric (a diverged run): the envelope writes null, never a bare
+    NaN/Infinity that jq and JSON.parse refuse."""
+    from pcc.cli import Report, _machine_output
+
+    rep = Report("validate", "json")
+    rep.result = {"levels": [{"p99": float("nan"), "max": float("inf"), "ok": 0.5}], "t": (float("-inf"),)}
+
+    def refuse(name):
+        raise AssertionError(f"not strict JSON: {name}")
+
+    doc = json.loads(_machine_output(rep, 1), parse_constant=refuse)
+    assert doc["result"] == {"levels": [{"p99": None, "max": None, "ok": 0.5}], "t": [None]}
