@@ -15,6 +15,7 @@ it there. One module per family: wide, fp8 (block, tensor, MXFP8), fp4 (MXFP4, N
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from functools import lru_cache
 
 from pcc.contract.scheme import Scheme
@@ -63,7 +64,7 @@ def parity(kind: str) -> str:
     return {"gate_proj": "even", "w1": "even", "up_proj": "odd", "w3": "odd"}.get(kind, "all")
 
 
-class Layout:
+class Layout(ABC):
     """A checkpoint layout, one instance per registered subclass. The class attributes are the facts
     convert, verify-checkpoint and the converter plan used to branch on the layout's name for."""
 
@@ -77,8 +78,9 @@ class Layout:
     piece_kinds = ()  # weight groupings whose tensors can be computed a piece of rows at a time
     element = (0.0, 0.0, 0.0)  # rounding bound of the element format: relative, in scale units, top value
 
+    @abstractmethod
     def accepts(self, spec: Scheme) -> bool:
-        raise NotImplementedError
+        """Does this layout store rollout weights of scheme `spec`?"""
 
     def targets(self, plan, i: int) -> dict | None:
         """{"layout", "targets": {name: {dtype, shape}}, "fuse"?} for operator i (pcc.plan.tensors adds
@@ -95,8 +97,9 @@ class Layout:
         return {"layout": self.name, "targets": targets}
 
     def tensors(self, w, symmetric: bool, shape: tuple, dtype: str) -> tuple:
-        """(suffix after the module name, or None for the tensor's own name; dtype; shape) per tensor."""
-        raise NotImplementedError
+        """(suffix after the module name, or None for the tensor's own name; dtype; shape) per tensor. Only
+        for layouts whose `targets` are per module (MXFP4 names fused expert tensors itself)."""
+        raise TypeError(f"the {self.name} layout names its tensors in targets(), not per module")
 
     def piece_rows(self, w) -> int | None:
         """Rows per piece (whole scale blocks, whole groups of 8 rows for INT4's packed zero points), or
@@ -106,12 +109,13 @@ class Layout:
         return math.lcm(w.rows if w.kind == "block" else 1, 8)
 
     def encode(self, q, targets: dict, shape: tuple, rows: slice | None) -> list:
-        """The target tensors, in `targets` order, of a Quantized weight (`rows` of it, when given)."""
-        raise NotImplementedError
+        """The target tensors, in `targets` order, of a Quantized weight (`rows` of it, when given); only
+        for quantized layouts (the wide one writes the source's values)."""
+        raise TypeError(f"the {self.name} layout stores no quantized weight")
 
+    @abstractmethod
     def decode(self, t: list, shape: tuple, scheme: Scheme):
         """Back from the target tensors (one expert's piece where fused) to a Quantized weight."""
-        raise NotImplementedError
 
     def slack(self, x, s):
         """The |dequantized - source| each element may be off by, x the source and s its scale."""
@@ -128,12 +132,12 @@ class Layout:
 
     def stored(self, enc, parts: dict) -> list:
         """The target tensors, in order, of a copied source encoding, from its parts by role (None for
-        codes the converter streams as stored)."""
-        raise NotImplementedError
+        codes the converter streams as stored); only for layouts whose `copies` can hold."""
+        raise TypeError(f"the {self.name} layout copies no source encoding")
 
+    @abstractmethod
     def quantization_config(self, spec: Scheme, skip: list[str], kv: str | None) -> dict | None:
         """config.json's `quantization_config`, as SGLang's loader for this layout reads it."""
-        raise NotImplementedError
 
     def hf_quant_config(self, skip: list[str], kv: str | None) -> dict | None:
         """ModelOpt's separate hf_quant_config.json, for the layouts that have one."""
