@@ -29,6 +29,7 @@ NO_FIXTURE = {
     # contract's text; tests/importer/test_import.py triggers each
     "PCC801": "a source pcc import cannot import", "PCC802": "a source entry that matches nothing",
     "PCC803": "the source's precedence differs from pcc's", "PCC804": "a source setting pcc states differently",
+    "PCC805": "a source that is no RL job",
     "PCC806": "a source entry the consuming engine ignores", "PCC807": "an engine switch pcc has no field for",
     "PCC808": "a contract field the source does not carry", "PCC809": "a launch that contradicts its checkpoint",
     "PCC810": "a source key its tool does not have",

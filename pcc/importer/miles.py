@@ -57,19 +57,50 @@ def _tokens(text: str, file: str) -> tuple[list[str], list[tuple[str, int]]]:
     return [w for w, _ in out.words], out.unexpanded
 
 
+def _command(tokens: list[str]) -> tuple[list[str], list[str]] | None:
+    """(the words before the trainer, the trainer and its arguments) of the last statement that runs
+    train.py or train_async.py; None when no statement does."""
+    found, stmt = None, []
+    for tok in [*tokens, SEP]:
+        if tok != SEP:
+            stmt.append(tok)
+            continue
+        at = next((i for i, w in enumerate(stmt) if Path(w).name in SCRIPTS), None)
+        if at is not None:
+            found = (stmt[:at], stmt[at:])
+        stmt = []
+    return found
+
+
+def _is_script(text: str) -> bool:
+    """A shell script rather than an argument file (all flags): a shebang, or a first word that is
+    no flag."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first.startswith("#!") or not first.startswith("-")
+
+
 def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], list[str]]:
-    """(entry script, flag -> values of its last occurrence, `export` assignments). Flags are keyed by
+    """(entry script, flag -> values of its last occurrence, `export` assignments and `ray job submit`'s
+    --runtime-env-json). In a script only the command that runs the trainer passes flags to Miles (a
+    `ray start --num-gpus 8` before it does not); an argument file is all flags. Flags are keyed by
     their canonical name in Miles' engine table (`--sglang-expert-parallel-size` is `--sglang-ep-size`); a
     negation (`--sglang-no-X` of a BooleanOptionalAction) turns its switch off."""
     miles = table("miles")
-    script, flags, exports = None, {}, []
+    exports = [tokens[k + 1] for k in range(len(tokens) - 1) if tokens[k] == "export" and "=" in tokens[k + 1]]
+    command = _command(tokens)
+    script = Path(command[1][0]).name if command else None
+    if command:
+        before, tokens = command[0], command[1][1:]
+        end = next((i for i, w in enumerate(tokens) if w in ("&&", "||", "|", "&") or w[:1] in "<>"
+                    or w[:2] in ("1>", "2>")), len(tokens))
+        tokens = tokens[:end]
+        exports += [w for w in before if w.startswith("--runtime-env-json=")]
+        exports += [f"--runtime-env-json={before[i + 1]}" for i, w in enumerate(before[:-1])
+                    if w == "--runtime-env-json"]
+    flags: dict[str, list[str]] = {}
     k = 0
     while k < len(tokens):
         tok = tokens[k]
-        if Path(tok).name in SCRIPTS:
-            script = Path(tok).name
-        if tok == "export" and k + 1 < len(tokens) and "=" in tokens[k + 1]:
-            exports.append(tokens[k + 1])
         if tok.startswith("--") and len(tok) > 2:
             name, eq, inline = tok.partition("=")
             values = [inline] if eq else []
@@ -160,6 +191,10 @@ class Launch(Flags):
             tokens, unexpanded = _tokens(text, source)
             self.unexpanded = [(raw, span_at(source, text, at)) for raw, at in unexpanded]
         self.script, given, exports = parse_args(tokens)
+        if self.script is None and self.bundle is None and _is_script(text):
+            raise ImportFailed(f"{source}: runs no Miles trainer (no `python3 train.py` or `train_async.py` command): "
+                               "not a Miles RL launch", code="PCC805", file=source,
+                               hint="import the launch script it runs, or its argument file")
         self.flags = table("miles").effective(given)  # what Miles sets itself (targets/miles.yaml applies)
         for e in exports:
             key, _, value = e.partition("=")

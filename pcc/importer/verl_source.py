@@ -26,7 +26,10 @@ _OVERRIDE = re.compile(r"^(~|\+\+|\+)?([A-Za-z_][\w\-]*(?:[.@/][A-Za-z_0-9][\w\-
 _INT = re.compile(r"^[+-]?(?:0|[1-9](?:_?\d)*)$")
 _FLOAT = re.compile(r"^[+-]?(?:(?:\d(?:_?\d)*)?\.\d(?:_?\d)*(?:[eE][+-]?\d(?:_?\d)*)?|\d(?:_?\d)*\.(?:[eE][+-]?\d(?:_?\d)*)?"
                     r"|\d(?:_?\d)*[eE][+-]?\d(?:_?\d)*|inf|nan)$", re.I)
-_PYTHON = re.compile(r"(^|[\s/(])python[\d.]*\s+(-\S+\s+)*(-m\s+)?\S")
+_PYTHON = re.compile(r"(^|[\s/(])(python[\d.]*|torchrun)\s+(-\S+\s+)*(-m\s+)?\S")
+# verl entrypoints that run no RL job: its SFT trainers, generation server and evaluator (verl/trainer/).
+NOT_RL = re.compile(r"(^|[/.])(sft_trainer|sft_trainer_ray|fsdp_sft_trainer|main_generation_server|main_generation"
+                    r"|main_eval)(\.py)?$")
 _ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
 
 
@@ -195,7 +198,8 @@ def read_overrides(path: str) -> Job:
     writes verl/overrides.txt)."""
     text = read_text(path, "verl job")
     job = Job(path, text)
-    if _PYTHON.search(text) or any(ENTRY.search(w) for w in text.split()):
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.startswith("#!") or _PYTHON.search(text) or any(ENTRY.search(w) for w in text.split()):
         _script(job)
         return job
     for offset, line in _logical_lines(text):
@@ -236,10 +240,12 @@ def _entry(words: list[str]) -> tuple[int, str] | None:
     for i, w in enumerate(words):
         if ENTRY.search(w):
             return i, w
-        if re.fullmatch(r"python[\d.]*", Path(w).name):
+        if re.fullmatch(r"python[\d.]*|torchrun", Path(w).name):
             j = i + 1
             while j < len(words) and words[j].startswith("-") and words[j] != "-m":
-                j += 1
+                # torchrun's options take values (`--nnodes 1`, or `--nnodes=1`); python's few do not
+                j += 1 + (Path(w).name == "torchrun" and "=" not in words[j] and j + 1 < len(words)
+                          and not words[j + 1].startswith("-") and words[j] not in ("--standalone", "--no-python"))
             if j + 1 < len(words) and words[j] == "-m":
                 return j + 1, words[j + 1]
             if j < len(words) and words[j].endswith(".py"):
@@ -293,9 +299,13 @@ def _script(job: Job) -> None:
             k += 1
     job.unread = [(raw, span_at(job.file, job.text, at)) for raw, at in out.unexpanded if at in used]
     if not entries:
-        raise ImportFailed(f"{job.file}: no Python entrypoint (python3 -m verl.trainer.main_ppo ...) found",
-                           file=job.file)
+        raise ImportFailed(f"{job.file}: runs no Python entrypoint (python3 -m verl.trainer.main_ppo ...): not a verl "
+                           "RL launch", code="PCC805", file=job.file)
     job.entrypoint = entries[-1]
+    if NOT_RL.search(job.entrypoint):
+        raise ImportFailed(f"{job.file}: runs {job.entrypoint}, which is no RL trainer (verl's SFT trainer, generation "
+                           "server or evaluator): a contract states a rollout, a trainer and the sync between them",
+                           code="PCC805", path="entrypoint", file=job.file)
     if not ENTRY.search(job.entrypoint):
         _derived(job)
     elif not job.entries and job.config is None:

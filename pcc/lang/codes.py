@@ -121,6 +121,7 @@ CODES: dict[str, Code] = {
     "PCC802": Code("warning", "a source entry that matches nothing"),
     "PCC803": Code("warning", "the source's precedence differs from pcc's"),
     "PCC804": Code("warning", "a source setting pcc states differently"),
+    "PCC805": Code("error", "a source that is no RL job"),
     "PCC806": Code("warning", "a source entry the consuming engine ignores"),
     "PCC807": Code("warning", "an engine switch pcc has no field for"),
     "PCC808": Code("warning", "a contract field the source does not carry"),

@@ -46,8 +46,26 @@ def test_functions_that_echo_flags_and_other_commands():
     text = ('lora() {\n  echo "--lora-rank 8"\n  echo --lora-alpha 16\n}\nfunction clean { rm -rf /tmp/x; }\n'
             'x $(lora) `lora` $(clean) $(nproc) "$@"\n')
     e = expand(text)
-    assert _words(text) == ["x"] + ["--lora-rank", "8", "--lora-alpha", "16"] * 2 + ["$(clean)", "$(nproc)", "$@"]
-    assert [raw for raw, _ in e.unexpanded] == ["$(clean)", "$(nproc)", "$@"]
+    assert _words(text) == ["x"] + ["--lora-rank", "8", "--lora-alpha", "16"] * 2 + ["$(clean)", "$(nproc)"]
+    assert [raw for raw, _ in e.unexpanded] == ["$(clean)", "$(nproc)"]
+
+
+def test_a_script_run_without_arguments():
+    """verl's examples end in `"${EXTRA[@]}" "$@"`: an empty array and no arguments give no word
+    (bash -c 'A=(); printf "<%s>" x "${A[@]}" "$@" ""' prints <x><>), `$1` is unset."""
+    text = 'A=(\n)\nx "${A[@]}" "$@" $* "" "${A[@]}y" $# ${1:-vllm} "$1"\n'
+    assert _words(text) == ["x", "", "y", "0", "vllm", ""]
+
+
+def test_the_word_of_a_default_is_expanded():
+    """`${V:-word}`: word is expanded as bash does (verl: `${MAX_PROMPT_LENGTH:-$((1024 * 2))}`,
+    `${RAY_DATA_HOME:-"${HOME}/verl"}`); `:=` assigns it, `:+` gives it only when set."""
+    text = ('H=/h\nE=\nX=${X:-"${H}/verl"}\nP=${P:-$((1024 * 2))}\n'
+            'x $X $P ${E:-e} ${E-e} ${Z:=q} $Z ${Z:+on} ${W:+no}. ${N:-$(date +%s)}\n')
+    e = expand(text)
+    assert _words(text) == ["H=/h", "E=", "X=/h/verl", "P=2048", "x", "/h/verl", "2048", "e", "q", "q", "on", ".",
+                            "${N:-$(date +%s)}"]  # a word part of which stays as written stays whole
+    assert [raw for raw, _ in e.unexpanded] == ["${N:-$(date +%s)}"]
 
 
 def test_statements_operators_and_continuations():
@@ -74,3 +92,36 @@ def test_expansion_is_bounded():
 def test_doubling_and_recursion_are_bounded(text):
     with pytest.raises(ShellError):
         expand(text)
+
+
+def test_a_function_body_runs_where_it_is_called():
+    """Miles' multi-node profile scripts define their flag arrays and `ray job submit` inside
+    `run_mode() { local mode="$1"; ... }` and call `run_mode "$MODE"`: the body's words, with the
+    call's arguments as `$1`, `"$@"`; a function that calls itself runs once."""
+    text = ('f() {\n  local m="$1"\n  A=(--x $m)\n  run "${A[@]}" "$@" $#\n}\nf one two\nf\n'
+            'g() { g; echo in-g; }\ng\n')
+    assert _words(text) == ["local", "m=one", "run", "--x", "one", "one", "two", "2",
+                            "local", "m=", "run", "--x", "0", "g", "echo", "in-g"]
+
+
+def test_if_takes_the_branch_bash_takes():
+    """verl's examples pick overrides by `if [ "${DEVICE}" = npu ]; then ... elif [ -n "${ROLLOUT_DP}" ]`:
+    a test of known values picks one branch (as `bash -c` does); a test that runs a command reads
+    every branch and is reported."""
+    text = ('D=gpu\nX=\nif [ "${D}" = npu ]; then\n  A=(npu)\nelif [ -n "${X}" ]; then\n  A=(x)\nelse\n'
+            '  A=(other)\n  if [[ 1 -eq 1 ]]; then B=in; fi\nfi\nif command -v foo; then C=1; else C=2; fi\n'
+            'if ! test "$D" != gpu; then E=neg; fi\necho ${A[@]} $B $C $E\n')
+    e = expand(text)
+    assert [w for w, _ in e.words if w != SEP][-5:] == ["echo", "other", "in", "2", "neg"]
+    assert [raw for raw, _ in e.unexpanded] == ["if command -v foo"]
+    with pytest.raises(ShellError):
+        expand("if [ 1 ]; then a\n")
+
+
+def test_here_documents_are_text_not_words():
+    """Miles' multi-teacher OPD script feeds Python to `python3 - << 'PYEOF'`: its `if`s and quotes
+    are the document's, not the script's; `<<-` strips leading tabs from the closing line."""
+    text = "python3 - << 'PY'\nif x: print('a\nPY\ncat <<-END >f\n\tif\n\tEND\nafter --x 1\n"
+    assert _words(text) == ["python3", "-", "<< 'PY'", "cat", "<<-END", ">f", "after", "--x", "1"]
+    with pytest.raises(ShellError):
+        expand("cat <<EOF\nno end\n")

@@ -10,8 +10,8 @@ import pytest
 from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
-NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "qwen3_30b_a3b", "qwen3_8b",
-         "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
+NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "qwen2_5_0_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen3_30b_a3b",
+         "qwen3_32b", "qwen3_4b", "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -221,3 +221,20 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
     assert config_dtype({"dtype": "float16"}) == "fp16"  # transformers 5 writes `dtype`
     assert config_dtype({"torch_dtype": "float32"}) == "fp32"
     assert config_dtype({"text_config": {"torch_dtype": "bfloat16"}, "torch_dtype": "float32"}) == "bf16"
+
+
+# Parameter counts the model cards state (Qwen/Qwen2.5-*/README.md "Number of Parameters", Qwen/Qwen3-*
+# README.md): the catalogs built from Miles' architecture flags must carry the published model.
+PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
+                    "qwen3_32b": 32.8e9}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_catalog_parameter_count_matches_the_model_card(name):
+    import math
+
+    from pcc.diff.load import model_catalog
+
+    cat = model_catalog(name)
+    total = sum(math.prod(op.shape) for op in cat.operators if op.family != "kv_cache")
+    assert abs(total - PUBLISHED_PARAMS[name]) / PUBLISHED_PARAMS[name] < 0.02, (name, total)
