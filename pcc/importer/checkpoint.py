@@ -51,13 +51,17 @@ def read_quant_config(source: str) -> tuple[dict, str, str | None]:
     return data, str(p), None
 
 
-def load_model(model: str | None, checkpoint_dir: str | None) -> tuple[Catalog, dict]:
-    """The catalog to resolve against and the contract's `model` statement."""
+def load_model(model: str | None, checkpoint_dir: str | None, named: tuple[str, str] | None = None
+               ) -> tuple[Catalog, dict]:
+    """The catalog to resolve against and the contract's `model` statement; `named`: (the source's
+    field, its value) where the source names a checkpoint that is not a directory here."""
     from pcc.diff.load import model_catalog
 
     spec = model or checkpoint_dir
     if spec is None:
-        raise ImportFailed("the source names no model: pass --model with a checkpoint directory or a catalog name",
+        said = (f"the source's {named[0]} {named[1]} is no checkpoint directory here" if named and named[1]
+                else "the source names no model")
+        raise ImportFailed(f"{said}: pass --model with a checkpoint directory or a catalog name",
                            hint="e.g. --model qwen3_30b_a3b, or --model path/to/checkpoint")
     catalog = model_catalog(spec)
     ref = {"path": str(Path(spec).resolve())} if Path(spec).is_dir() else {"catalog": spec}

@@ -104,9 +104,12 @@ def parse_args(tokens: list[str]) -> tuple[str | None, dict[str, list[str]], lis
         if tok.startswith("--") and len(tok) > 2:
             name, eq, inline = tok.partition("=")
             values = [inline] if eq else []
+            spec = miles.spec(name)
+            most = {0: 0, 1: 1, "?": 1}.get(spec.nargs, spec.nargs if isinstance(spec.nargs, int) else None) \
+                if spec is not None else None  # a switch takes no word after it, as argparse reads it
             j = k + 1
             while not eq and j < len(tokens) and not tokens[j].startswith("--") and tokens[j] not in (")", "\\") \
-                    and Path(tokens[j]).name not in SCRIPTS:
+                    and Path(tokens[j]).name not in SCRIPTS and (most is None or len(values) < most):
                 if tokens[j] in ("&&", "||", ";", "|", SEP):
                     break
                 values.append(tokens[j])
@@ -225,7 +228,7 @@ def import_miles(source: str, model: str | None, hardware: str | None = None) ->
     launch = Launch(source)
     ckpt_dir = launch.value("--hf-checkpoint")
     ckpt = ckpt_dir if ckpt_dir and Path(ckpt_dir).is_dir() else None
-    catalog, ref = load_model(model, ckpt)
+    catalog, ref = load_model(model, ckpt, ("--hf-checkpoint", ckpt_dir))
     imp = Imported({"name": contract_name(source), "model": ref}, source=launch.file)
     _rollout(imp, launch, catalog, ckpt)
     _trainer(imp, launch, catalog)
@@ -324,6 +327,10 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
     t["optimizer"] = {"kind": launch.value("--optimizer", "adam"), "distributed": launch.has("--use-distributed-optimizer"),
                       "offload": launch.has("--optimizer-cpu-offload"),
                       "precision_aware": launch.has("--use-precision-aware-optimizer")}
+    if catalog.is_moe and launch.value("--moe-router-dtype") != "fp32":
+        imp.warn("PCC804", f"--moe-router-dtype {launch.value('--moe-router-dtype') or 'unset'}: this launch computes the "
+                 "MoE router in the params dtype; pcc's Megatron lowering always computes it in FP32 "
+                 "(--moe-router-dtype fp32, so expert choices stay stable across steps)", "--moe-router-dtype")
     if t["optimizer"]["kind"] not in ("adam", "sgd"):
         raise ImportFailed(f"{launch.file}: --optimizer {t['optimizer']['kind']!r}: pcc states adam or sgd",
                            path="--optimizer", file=launch.file)

@@ -120,7 +120,8 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
     imp = Imported({"name": contract_name(source), "framework": "verl"}, source=job.file)
     megatron = _strategy(imp, v)
     v.config = tables()["config_name"]["megatron" if megatron else "fsdp"]
-    catalog, ref = load_model(model, _model_dir(v))
+    named = v.get(f"{M}.path")
+    catalog, ref = load_model(model, _model_dir(v), (f"{M}.path", named if isinstance(named, str) else None))
     imp.contract["model"] = ref
     env = _env(imp, v)
     _rollout(imp, v, catalog)
@@ -139,7 +140,7 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
 
 def _model_dir(v: _View) -> str | None:
     path = v.get(f"{M}.path")
-    return path if isinstance(path, str) and Path(path).is_dir() else None
+    return path if isinstance(path, str) and path and Path(path).is_dir() else None  # "" is no directory
 
 
 def _strategy(imp: Imported, v: _View) -> bool:
@@ -439,10 +440,13 @@ def _correction(imp: Imported, v: _View) -> None:
     'lower_upper' IcePop (weights outside zeroed: pcc's mis); rejection sampling, bypass mode and
     batch normalization have no contract field (PCC804)."""
     level = v.get(f"{CORR}.rollout_is")
-    for key, off in (("rollout_rs", None), ("bypass_mode", False), ("rollout_is_batch_normalize", False)):
+    # each with the keys that only mean something with it (its threshold; bypass mode's loss)
+    for key, off, companion in (("rollout_rs", None, "rollout_rs_threshold"), ("bypass_mode", False, "loss_type"),
+                                ("rollout_is_batch_normalize", False, None)):
         value = v.get(f"{CORR}.{key}")
         if value != off:
-            imp.warn("PCC804", f"rollout_correction.{key} {value}: pcc's correction states truncated or masked "
+            with_ = f" ({companion} {v.get(f'{CORR}.{companion}')})" if companion else ""
+            imp.warn("PCC804", f"rollout_correction.{key} {value}{with_}: pcc's correction states truncated or masked "
                      "importance weights only; the contract does not state it", f"{CORR}.{key}",
                      span=v.span(f"{CORR}.{key}"))
     if level is None:
