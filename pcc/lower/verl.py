@@ -96,6 +96,8 @@ def _megatron(plan: Plan, over: "_Keys", notes: list[str]) -> None:
         value = int(value) if isinstance(value, str) and value.isdigit() else value
         if "transformer" in where:
             over.set(f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}", value, s.path)
+        elif "optimizer" in where:
+            over.set(f"+{ACTOR}.optim.override_optimizer_config.{where['optimizer']}", value, s.path)
         else:
             over.set(f"{ACTOR}.megatron.{where['engine']}", value, s.path)
     key = f"{ACTOR}.megatron.use_distributed_optimizer"
