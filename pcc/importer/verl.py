@@ -128,6 +128,11 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
     _trainer(imp, v, catalog, megatron, env)
     _objective(imp, v, catalog, megatron)
     _check_keys(imp, v)
+    critic = sorted(k for k in job.entries if k.startswith("critic."))
+    if critic:
+        imp.warn("PCC807", f"{', '.join(critic[:4])}{' ...' if len(critic) > 4 else ''}: the PPO critic's settings "
+                 f"({len(critic)}); a contract states the policy's rollout and trainer, not a critic's", "critic",
+                 span=job.entries[critic[0]].span)
     bundle = Path(source) / "validate" / "expectations.yaml"
     read_expectations(imp, bundle if bundle.is_file() else None)  # a pcc bundle's, as the Miles import reads it
     for path, why in NOT_IN_A_JOB:

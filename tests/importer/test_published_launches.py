@@ -148,7 +148,6 @@ def _verl_settings(source: str, lowered, engine: str) -> tuple[dict, dict]:
     # ppo_trainer composes what ppo_megatron_trainer does; the import read which engine the job runs)
     config = verl.config(job.config) or ("ppo_megatron_trainer" if engine == "megatron" else "ppo_trainer")
     keys = {k for k in gen if VERL_PRECISION.search(k)} | {k for k in job.entries if VERL_PRECISION.search(k)}
-    keys = {k for k in keys if not k.startswith("critic.")}  # the PPO critic: no contract field (PCC807)
     src_set = {k: e.value for k, e in job.entries.items()}
     return ({k: _resolved(k, src_set, verl, config) for k in keys},
             {k: _resolved(k, gen, verl, config) for k in keys})
