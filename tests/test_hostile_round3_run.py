@@ -5,12 +5,16 @@ link, launched outside the manifest, fetched from another service, or shown othe
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 from pcc.cli import main
 
@@ -155,3 +159,120 @@ def test_a_launch_runs_only_what_the_manifest_lists(bundles, tmp_path, capsys, b
     assert code == 1 and [e["code"] for e in _errors(env)] == ["PCC706"], env
     assert text in _errors(env)[0]["message"]
     assert env.get("result") is None  # nothing printed to run
+
+
+# -- 5 and 6. the engine client: no redirect followed; per-token values checked, naming the endpoint ---------
+
+class Server:
+    """A server on 127.0.0.1 answering each path from `table` (path -> (status, headers, body)); `seen` records
+    the paths asked."""
+
+    def __init__(self, table: dict):
+        self.seen: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path.split("?")[0]
+                server.seen.append(path)
+                status, headers, body = table.get(path, (404, {}, b'{"detail": "Not Found"}'))
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _engine(cls, url, tmp_path):
+    class Arch:
+        is_moe = False
+
+    return cls(url, tmp_path, plan=None, arch=Arch(), timeout=5.0)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+@pytest.mark.parametrize("client, path", [("sglang", "/get_model_info"), ("vllm", "/weight_info")])
+def test_an_engine_redirect_is_refused_never_followed(tmp_path, client, path, status):
+    from pcc.validate.engine import EngineError
+    from pcc.validate.sglang_http import HttpEngine
+    from pcc.validate.vllm_http import VllmEngine
+
+    other = Server({path: (200, {}, b'{"weight_version": "3"}')})
+    with other, Server({path: (status, {"Location": f"{other.url}{path}"}, b"")}) as s:
+        with pytest.raises(EngineError) as err:
+            _engine({"sglang": HttpEngine, "vllm": VllmEngine}[client], s.url, tmp_path).active()
+        assert other.seen == []
+    assert err.value.code == "PCC704"
+    assert f"{s.url}{path}: HTTP {status} redirect to '{other.url}{path}'" in str(err.value)
+
+
+def _sglang_entries(values) -> bytes:
+    return json.dumps([{"meta_info": {"input_token_logprobs": [[None, 0, ""], [-0.5, 0, ""], *values],
+                                      "output_token_logprobs": values, "weight_version": "1"}}]).encode()
+
+
+def _vllm_choice(**fields) -> bytes:
+    return json.dumps({"choices": [{"index": 0, "prompt_token_ids": [0, 0, 0, 0], **fields}]}).encode()
+
+
+NAN = [[-0.1, 0, ""], [math.nan, 0, ""]]
+# (engine, method, /generate or /v1/completions body, what the message says)
+REPLIES = [
+    ("sglang", "score", _sglang_entries([[-0.1, 0, ""]]),
+     "input_token_logprobs of sequence 0: 1 entries where 2 go"),
+    ("sglang", "score", _sglang_entries([[[-0.1], 0, ""], [[-0.2], 0, ""]]),
+     "input_token_logprobs of sequence 0, token 0: '[-0.1]' is not a finite number"),
+    ("sglang", "score", _sglang_entries([["x", 0, ""], [-0.2, 0, ""]]),
+     "input_token_logprobs of sequence 0, token 0: 'x' is not a finite number"),
+    ("sglang", "score", _sglang_entries(NAN), "input_token_logprobs of sequence 0, token 1: 'nan' is not a finite"),
+    ("sglang", "generate", _sglang_entries([[-0.1, 5, ""]]),
+     "output_token_logprobs' token ids of sequence 0: 1 entries where 2 go"),
+    ("sglang", "generate", _sglang_entries([[-0.1, "5", ""], [-0.2, 6, ""]]),
+     "output_token_logprobs' token ids of sequence 0, token 0: '5' is not an integer"),
+    ("vllm", "score", _vllm_choice(prompt_logprobs=[None, {"0": {"logprob": -1.0}}]),
+     "prompt_logprobs of sequence 0: 2 entries where 4 go"),
+    ("vllm", "score", _vllm_choice(prompt_logprobs=[None, None, {"0": {"logprob": [-1.0]}}, {"0": {"logprob": -1}}]),
+     "prompt_logprobs of sequence 0, token 0: '[-1.0]' is not a finite number"),
+    ("vllm", "generate", _vllm_choice(token_ids=[5, 6], logprobs={"token_logprobs": [[-0.1], [-0.2]]}),
+     "token_logprobs of sequence 0, token 0: '[-0.1]' is not a finite number"),
+    ("vllm", "generate", _vllm_choice(token_ids=[5, 6], logprobs={"token_logprobs": [None, -0.2]}),
+     "token_logprobs of sequence 0, token 0: 'None' is not a finite number"),
+]
+
+
+@pytest.mark.parametrize("client, method, body, text", REPLIES,
+                         ids=[f"{r[0]}-{r[1]}-{i}" for i, r in enumerate(REPLIES)])
+def test_short_or_garbage_per_token_values_name_the_endpoint(tmp_path, client, method, body, text):
+    from pcc.validate.engine import EngineError
+    from pcc.validate.sglang_http import HttpEngine
+    from pcc.validate.vllm_http import VllmEngine
+
+    endpoint = "/generate" if client == "sglang" else "/v1/completions"
+    table = {endpoint: (200, {}, body), "/flush_cache": (200, {}, b"{}"),
+             "/weight_info": (200, {}, b'{"weight_version": "1"}')}
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    with Server(table) as s:
+        e = _engine(HttpEngine if client == "sglang" else VllmEngine, s.url, tmp_path)
+        e.base = "m"  # vLLM's served model, as /v1/models would name it
+        with pytest.raises(EngineError) as err:
+            e.score(tokens, 2) if method == "score" else e.generate(tokens[:, :2], 2, 0)
+    assert err.value.code == "PCC704"
+    assert f"{s.url}{endpoint}: " in str(err.value) and text in str(err.value), str(err.value)
