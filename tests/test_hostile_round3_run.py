@@ -276,3 +276,17 @@ def test_short_or_garbage_per_token_values_name_the_endpoint(tmp_path, client, m
             e.score(tokens, 2) if method == "score" else e.generate(tokens[:, :2], 2, 0)
     assert err.value.code == "PCC704"
     assert f"{s.url}{endpoint}: " in str(err.value) and text in str(err.value), str(err.value)
+
+
+# -- 7. pcc diff: a freshly compiled `model from` bundle is not stale ------------------------------------------
+
+def test_a_fresh_model_from_bundle_is_not_stale(tmp_path, capsys, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    shutil.copy(ROOT / "pcc" / "models" / "configs" / "tiny_dense.json", tmp_path / "ckpt" / "config.json")
+    (tmp_path / "c.prec").write_text('contract c {\n  model from "ckpt"\n  hardware cpu\n}\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "c.prec", "-o", "b"]) == 0
+    capsys.readouterr()
+    code, env = _envelope(capsys, ["diff", "b", "c.prec"])
+    assert code == 0, env
+    assert "stale" not in json.dumps(env), env
