@@ -290,3 +290,25 @@ def test_a_fresh_model_from_bundle_is_not_stale(tmp_path, capsys, monkeypatch):
     code, env = _envelope(capsys, ["diff", "b", "c.prec"])
     assert code == 0, env
     assert "stale" not in json.dumps(env), env
+
+
+# -- 8. a contract with CR-only line endings: lines where they are, comments end at the line --------------
+
+@pytest.mark.parametrize("text, code, where", [
+    ("contract c {\r  # the model\r  model tiny_dense\r  hardware cpu\r  modle x\r}\r", "PCC101", (5, 3)),
+    ("contract c {\r  # the model\r  model tiny_dense\r  hardware cpu\r}\r", None, None),
+    ("contract c {\r\n  model tiny_dense\r  hardwre cpu\r\n}\r\n", "PCC101", (3, 3)),
+], ids=["error-on-line-5", "clean-with-comment", "mixed"])
+def test_cr_only_line_endings_are_line_breaks(tmp_path, text, code, where):
+    from pcc.plan import compile_file
+
+    path = tmp_path / "c.prec"
+    path.write_bytes(text.encode())
+    c = compile_file(str(path))
+    errors = [d for d in c.diagnostics if d.is_error]
+    if code is None:
+        assert not errors, [d.render() for d in errors]
+        return
+    assert [d.code for d in errors] == [code], [d.render() for d in errors]
+    assert (errors[0].span.line, errors[0].span.col) == where
+    assert "^" in errors[0].render(c.sources)
