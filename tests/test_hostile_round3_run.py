@@ -312,3 +312,18 @@ def test_cr_only_line_endings_are_line_breaks(tmp_path, text, code, where):
     assert [d.code for d in errors] == [code], [d.render() for d in errors]
     assert (errors[0].span.line, errors[0].span.col) == where
     assert "^" in errors[0].render(c.sources)
+
+
+# -- 9. an unknown catalog name is offered the close ones ---------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["diff", "{d}/q.prec", str(TINY), "--model", "qwen3_8c"],
+                                  ["import", "checkpoint", "{d}/config.json", "--model", "qwen3_8c"],
+                                  ["check", "{d}/q.prec"],
+                                  RUN + ["--model", "qwen3_8c", "--out", "{d}/r"]],
+                         ids=["diff", "import", "contract", "run"])
+def test_an_unknown_catalog_offers_did_you_mean(tmp_path, capsys, argv):
+    (tmp_path / "q.prec").write_text("contract q {\n  model qwen3_8c\n  hardware cpu\n}\n")
+    shutil.copy(ROOT / "pcc" / "models" / "configs" / "tiny_dense.json", tmp_path / "config.json")
+    code, env = _envelope(capsys, [a.replace("{d}", str(tmp_path)) for a in argv])
+    assert code in (1, 2), env
+    assert "did you mean 'qwen3_8b'?" in _errors(env)[0]["message"], env
