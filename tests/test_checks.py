@@ -53,6 +53,8 @@ NO_FIXTURE = {
     "PCC715": "a model that does not match trainer/fsdp.json",
     # a verl launch argument that replaces the trainer config the contract decides: tests/test_hostile_new_targets.py
     "PCC716": "a launch argument that switches verl's trainer config",
+    # a job file argument holding a control or blank character: tests/test_hostile_round3_run.py
+    "PCC717": "a job file argument a terminal does not show as it is",
     # a target lowered directly for a contract that names another engine (no contract does that;
     # tests/lower/test_lower_fsdp.py lowers a Megatron contract for fsdp)
     "PCC611": "a target asked to lower a contract whose engine is another",

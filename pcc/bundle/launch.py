@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,14 +46,14 @@ NEEDED = {
 }
 
 
-def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
-    """The bundle to launch: `source` itself, or a fresh compile of a contract file."""
+def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None, set[str]]:
+    """The bundle to launch: `source` itself, or a fresh compile of a contract file; and the files its
+    manifest lists."""
     from pcc.bundle import BundleError, is_bundle, read_bundle, write_bundle
     from pcc.lower import compile_file
 
     if is_bundle(source):
-        read_bundle(source)
-        return Path(source), None
+        return Path(source), None, set(read_bundle(source).manifest["files"])
     c = compile_file(source)
     if not c.ok:
         for d in c.diagnostics:
@@ -60,8 +61,7 @@ def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
         raise BundleError(f"{source}: the contract has errors")
     tmp = tempfile.TemporaryDirectory(prefix="pcc-bundle-")
     out = Path(tmp.name) / "bundle"
-    write_bundle(c.plan, out)
-    return out, tmp
+    return out, tmp, set(write_bundle(c.plan, out))
 
 
 def words(text: str) -> list[str]:
@@ -98,7 +98,24 @@ def _job(source: str, env: dict[str, str], variable: str, read: Callable[[str], 
     job = job_file(source, env, variable)
     if not is_bundle(source):
         env[variable] = str(job) if job else ""
-    return job, read(_job_text(job)) if job and job.exists() else []
+    return job, _printable(job, _job_text(job), read) if job and job.exists() else []
+
+
+def _printable(job: Path, text: str, read: Callable[[str], list[str]]) -> list[str]:
+    """The job file's arguments, line by line as `read` takes them; an argument holding a character a terminal
+    does not show as it is (ESC, CR, NUL, a no-break or zero-width space) is refused at load (PCC717) naming
+    its line: what a dry run prints would not be what runs."""
+    out: list[str] = []
+    for n, line in enumerate(text.split("\n"), 1):
+        for arg in read(line):
+            bad = next((c for c in arg if not c.isprintable()), None)
+            if bad is not None:
+                crlf = " (Windows or old Mac line endings? save the file with LF ones)" if bad == "\r" else ""
+                raise PccError(f"{job}:{n}: {shown(arg)} holds U+{ord(bad):04X} "
+                               f"{unicodedata.name(bad, 'a control character')}{crlf}; a job file holds printable "
+                               "text only, so what the dry run shows is what runs", code="PCC717")
+            out.append(arg)
+    return out
 
 
 def _job_text(job: Path) -> str:
@@ -122,6 +139,25 @@ def shown(text: str, quote: Callable[[str], str] = str) -> str:
     escaped one-line form ('a\\nb'), so a newline in a value never ends the comment (a pasted dry run would
     run the rest as a command)."""
     return quote(text) if text.isprintable() else repr(text)
+
+
+def shell_word(arg: str) -> str:
+    """`arg` as a shell word that shows what it is: shlex.quote when every character is printable, else
+    bash's $'...' with the others escaped (\\x1b, \\u00a0), so an ESC or CR in a value never redraws the
+    terminal over the command that runs; pasted, it runs as printed."""
+    if arg.isprintable():
+        return shlex.quote(arg)
+    return "$'" + "".join(_escaped(c) for c in arg) + "'"
+
+
+def _escaped(c: str) -> str:
+    """One character inside $'...'; \\u above ASCII, as \\xHH there is a raw byte, not the character."""
+    if c in "\\'":
+        return "\\" + c
+    if c.isprintable():
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x80 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def _job_comments(job: Path | None, variable: str, changed: list[dict]) -> list[str]:
@@ -205,7 +241,7 @@ def miles_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
                 "paths": {k: PATH_VARIABLES[k] for k in paths}, "job": str(job) if job else None,
                 "job_args": job_args, "extra_args": extra, "overrides": changed}
     comments = ["# environment (sent to Ray as the job's runtime env)"]
-    comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
+    comments += [f"{k}={shell_word(v)}" for k, v in runtime_env.items()]
     comments += _job_comments(job, JOB_VARIABLE, changed)
     comments.append(f"# from MILES_DIR={shown(os.environ.get('MILES_DIR', '<MILES_DIR>'), shlex.quote)}")
     return Launch(command, launch, env, document, comments, lambda: missing(env))
@@ -259,7 +295,7 @@ def verl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
                 "config_name": config, "job": str(job) if job else None, "job_args": job_args,
                 "extra_args": extra, "overrides": changed}
     comments = ["# environment (inside the overrides: Ray's runtime_env for every worker)"]
-    comments += [f"{k}={shlex.quote(v)}" for k, v in runtime_env.items()]
+    comments += [f"{k}={shell_word(v)}" for k, v in runtime_env.items()]
     comments += _job_comments(job, VERL_JOB_VARIABLE, changed)
     comments.append(f"# verl {tab['version']}, as {LAUNCH} runs it; the job's overrides follow the bundle's")
     return Launch(command, bundle / LAUNCH, env, document, comments, lambda: verl_missing(env))
@@ -282,6 +318,20 @@ def verl_missing(env: dict[str, str]) -> list[str]:
     return job + [f"{m} is not importable by {python}: {how[m]}" for m in gone]
 
 
+def _only_listed(bundle: Path, framework: str, name: str, listed: set[str]) -> None:
+    """A launch runs only what the manifest lists: a FRAMEWORK/ folder added to a bundle after compile (verl/
+    beside a Miles bundle's miles/), or a file dropped into one, is refused (PCC706), never run."""
+    found = sorted(p.relative_to(bundle).as_posix() for p in (bundle / framework).rglob("*")
+                   if p.is_symlink() or not p.is_dir())
+    extra = [p for p in found if p not in listed]
+    if not extra:
+        return
+    why = (f"the bundle has no {name} target (its contract does not name 'framework {framework}')"
+           if f"{framework}/launch.sh" in extra else "remove them or recompile")
+    raise PccError(f"{bundle}: {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}: not in its manifest "
+                   f"(added after compile), and a launch runs only what pcc compiled; {why}", code="PCC706")
+
+
 LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch)}
 
 
@@ -295,7 +345,7 @@ def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra:
     name, build = LAUNCHERS[framework]
     extra = list(extra or [])
     try:
-        bundle, tmp = _bundle_dir(source)
+        bundle, tmp, listed = _bundle_dir(source)
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -303,13 +353,14 @@ def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra:
         if not (bundle / framework / "launch.sh").is_file():
             raise PccError(f"{source}: the contract does not run on {name} (write 'framework {framework}' in it)",
                            code="PCC706")
+        _only_listed(bundle, framework, name, listed)
         launch = build(source, bundle, extra)
         if dry_run:
             if as_json:
                 print(json.dumps(launch.document, indent=1))
             else:
                 print("\n".join(launch.comments))
-                print(shlex.join(launch.command))
+                print(" ".join(map(shell_word, launch.command)))
             return 0
         problems = launch.missing()
         if problems:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pcc.bundle import BundleError, contract_file
-from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, load_catalog
+from pcc.models import Catalog, CatalogError, catalog_from_checkpoint, catalog_names, close_names, load_catalog
 from pcc.lower import compile_file
 from pcc.plan import Compiled
 from pcc.lang.diagnostics import PccError
@@ -31,7 +31,7 @@ def model_catalog(spec: str) -> Catalog:
         return catalog_from_checkpoint(spec)
     if spec in catalog_names():
         return load_catalog(spec)
-    raise CatalogError(f"--model {spec!r} is neither a checkpoint directory nor a catalog "
+    raise CatalogError(f"--model {spec!r} is neither a checkpoint directory nor a catalog{close_names(spec)} "
                        f"({', '.join(catalog_names())})")
 
 

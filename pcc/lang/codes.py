@@ -117,6 +117,7 @@ CODES: dict[str, Code] = {
     "PCC714": Code("error", "a checkpoint file outside its directory"),
     "PCC715": Code("error", "a model that does not match trainer/fsdp.json"),
     "PCC716": Code("error", "a verl launch that would switch the trainer config"),
+    "PCC717": Code("error", "a job file argument a terminal does not show as it is"),
     "PCC801": Code("error", "a source pcc import cannot import"),
     "PCC802": Code("warning", "a source entry that matches nothing"),
     "PCC803": Code("warning", "the source's precedence differs from pcc's"),

@@ -102,13 +102,18 @@ def _diagnose(exc: UnexpectedInput, file: str, text: str) -> Diagnostic:
     return Diagnostic("PCC101", "error", f"unexpected {what} '{tok}'", span, hint=hint)
 
 
+# A CR not followed by LF (old Mac line endings) ends a line, as it does for the carets (str.splitlines):
+# lark counts lines by LF, and a comment would run to the end of the file. One character for one: columns keep.
+_lone_cr = re.compile(r"\r(?!\n)")
+
+
 def parse_text(text: str, file: str = "<string>", start: str = "start") -> Tree:
     """Parse one contract (or, with start="scheme_expr", one scheme expression).
 
     Raises DiagnosticError with one positioned PCC1xx error.
     """
     try:
-        return _lark().parse(text, start=start)
+        return _lark().parse(_lone_cr.sub("\n", text), start=start)
     except UnexpectedInput as exc:
         raise DiagnosticError([_diagnose(exc, file, text)]) from None
     except (LarkError, RecursionError) as exc:  # defensive: never a traceback

@@ -29,14 +29,19 @@ def catalog_names() -> tuple[str, ...]:
     return tuple(sorted(path.stem for path in _CONFIGS.glob("*.json")))
 
 
+def close_names(name: str) -> str:
+    """"; did you mean 'x'?" for the catalogs close to `name`, else "": every refusal of a catalog name
+    offers one."""
+    close = difflib.get_close_matches(name, catalog_names(), n=3)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
 @lru_cache(maxsize=None)
 def load_catalog(name: str) -> Catalog:
     """The built-in catalog ``name`` (cached: build once per process)."""
     if name not in catalog_names():
-        close = difflib.get_close_matches(name, catalog_names(), n=3)
-        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise CatalogError(
-            f"unknown model catalog {name!r}{hint} (known: {', '.join(catalog_names())})")
+            f"unknown model catalog {name!r}{close_names(name)} (known: {', '.join(catalog_names())})")
     config = json.loads((_CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
     return catalog_from_config(name, config)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,8 +37,8 @@ def load_model(loaded: Loaded, rep: Reporter) -> Catalog | None:
     try:
         if ref.catalog is not None:
             return load_catalog(ref.catalog)
-        base = Path(loaded.path).parent
-        return catalog_from_checkpoint(str(base / ref.path))
+        # absolute, as a bundle writes it: the plan (and its lock) never depend on the folder pcc ran in
+        return catalog_from_checkpoint(os.path.abspath(Path(loaded.path).parent / ref.path))
     except CatalogError as exc:
         rep.error(exc.code or "PCC204", str(exc), where, path="model")
         return None

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from pcc.lang.diagnostics import PccError
@@ -37,13 +38,15 @@ class RunDirError(PccError):
 @contextlib.contextmanager
 def writer_lock(out: Path):
     """An exclusive lock for the writer of `out`: `.NAME.pcc-lock` beside it (never inside a folder the run
-    may yet refuse), held by flock for the whole run; a second writer is refused at once (PCC707)."""
-    lock = out.parent / f".{out.name}.pcc-lock"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as exc:
-        raise RunDirError(f"{lock}: cannot write: {exc.strerror}", "PCC709") from None
+    may yet refuse; `--out .` is the folder's own name), held by flock for the whole run; a second writer is
+    refused at once (PCC707). The lock is a file pcc makes itself: opened without following a link and
+    without truncating, then checked, so a link or another's file planted there is refused untouched."""
+    where = Path(os.path.abspath(out))
+    if not where.name:
+        raise RunDirError(f"{out}: the root folder cannot be a run directory; choose a folder under it")
+    _creatable(out, where)
+    lock = where.parent / f".{where.name}.pcc-lock"
+    fd = _open_lock(out, lock)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -56,6 +59,40 @@ def writer_lock(out: Path):
         yield
     finally:
         os.close(fd)  # releases the lock; the empty-of-meaning file stays (removing it would race a waiter)
+
+
+def _creatable(out: Path, where: Path) -> None:
+    """Create the folder that holds `out`, or say in the user's own words why not (`--out afile/sub`)."""
+    above = next((p for p in Path(out).parents if p.exists() and not p.is_dir()), None)
+    if above is not None:
+        raise RunDirError(f"{out}: cannot create it: {above} is a file, not a folder; --out names a run "
+                          "directory", "PCC709")
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"{out}: cannot create the folder that holds it ({exc.filename}: {exc.strerror})",
+                          "PCC709") from None
+
+
+def _open_lock(out: Path, lock: Path) -> int:
+    """The lock's descriptor: created or reopened with O_NOFOLLOW and no O_TRUNC (a link there is never
+    followed, its target never written), then held to be what pcc makes: a regular file of the user's with
+    one link."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(lock, flags, 0o600)
+    except OSError as exc:
+        if lock.is_symlink():
+            raise RunDirError(f"{lock}: a link where pcc run keeps the lock of {out}; pcc creates that file itself "
+                              "and follows no link there (its target is untouched): remove the link") from None
+        raise RunDirError(f"{out}: cannot create its lock {lock}: {exc.strerror}", "PCC709") from None
+    st = os.fstat(fd)
+    why = ("not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} links"
+           if st.st_nlink != 1 else f"owned by uid {st.st_uid}" if st.st_uid != os.geteuid() else None)
+    if why:
+        os.close(fd)
+        raise RunDirError(f"{lock}: not a lock pcc run made ({why}) where it keeps the lock of {out}; remove it")
+    return fd
 
 
 def identity(plan_lock: str, model_override: str | None, cfg) -> dict:

@@ -7,11 +7,14 @@ both servers load from a path.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import torch
 
 from pcc.lang.outputs import atomic_path, write_atomic
 
@@ -20,6 +23,20 @@ from .engine import EngineError, Version
 TIMEOUT = 120.0  # the total deadline of one request: connect, headers and the whole body
 SOCKET_TIMEOUT = 30.0  # connect, and each read of the socket
 MAX_REPLY = 256 << 20  # get_weights_by_name of 1M values as JSON is ~20 MB; more is not an answer to us
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is refused, never followed: pcc validates the engine it was given, and a 3xx to another
+    host or port would have it measure (and install versions into) another service."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        fp.close()
+        raise EngineError(f"{req.full_url}: HTTP {code} redirect to {newurl!r} (Location "
+                          f"{headers.get('Location')!r}); pcc follows no redirect from an engine: give --engine the "
+                          "URL that serves it")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 class HttpClient:
@@ -72,7 +89,7 @@ class HttpClient:
     def _fetch(self, req, where: str, deadline: float) -> tuple[int | None, bytes]:
         """(HTTP error status or None, body), read in pieces against the deadline and MAX_REPLY."""
         try:
-            with urllib.request.urlopen(req, timeout=min(SOCKET_TIMEOUT, self.timeout)) as resp:
+            with _OPENER.open(req, timeout=min(SOCKET_TIMEOUT, self.timeout)) as resp:
                 return None, _body(resp, where, deadline)
         except urllib.error.HTTPError as exc:
             try:
@@ -124,6 +141,25 @@ class HttpClient:
         if version not in self.installed:
             raise EngineError(f"version {version} was never installed")
         return self.installed[version]
+
+
+def numbers(rows, width: int, what: str, integer: bool = False) -> torch.Tensor:
+    """An engine's per-token values (log-probs; token ids with `integer`) checked before torch sees them: a
+    list per sequence of exactly `width` finite numbers (integers). A short row, a string, a nested list or
+    a NaN is a ValueError (TypeError) saying which sequence and token, which `_reply` turns into an EngineError
+    naming the endpoint, instead of a torch error (or a tensor of the wrong shape) further on."""
+    if not isinstance(rows, list):
+        raise TypeError(f"{what}: {type(rows).__name__} where a list per sequence goes")
+    kind = int if integer else (int, float)
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != width:
+            got = f"{len(row)} entries" if isinstance(row, list) else type(row).__name__
+            raise ValueError(f"{what} of sequence {i}: {got} where {width} go (one per token)")
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, kind) or (not integer and not math.isfinite(x)):
+                need = "an integer" if integer else "a finite number"
+                raise ValueError(f"{what} of sequence {i}, token {j}: {str(x)[:40]!r} is not {need}")
+    return torch.tensor(rows, dtype=torch.long if integer else torch.float64)
 
 
 def _message(raw: bytes) -> str:

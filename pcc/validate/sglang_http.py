@@ -20,7 +20,7 @@ import threading
 import torch
 
 from .engine import ActivationRefused, EngineError, Generated, Scores
-from .http_client import HttpClient
+from .http_client import HttpClient, numbers
 
 
 class HttpEngine(HttpClient):
@@ -48,13 +48,15 @@ class HttpEngine(HttpClient):
         res = self._generate(tokens.tolist(), {"max_new_tokens": 0, "temperature": 1.0}, routes and self.arch.is_moe)
 
         def parse() -> Scores:
-            logp = [[e[0] for e in r["meta_info"]["input_token_logprobs"][prompt_len:]] for r in res]
+            width = tokens.shape[1] - prompt_len
+            logp = numbers([_column(r["meta_info"]["input_token_logprobs"][prompt_len:], 0) for r in res], width,
+                           "input_token_logprobs")
             got = None
             if routes and self.arch.is_moe and all("routed_experts" in r["meta_info"] for r in res):
                 per = [_routes(r["meta_info"]["routed_experts"], self.arch) for r in res]  # [T-1, L, k] each
                 got = [torch.stack([p[:, layer] for p in per]) for layer in range(self.arch.layers)]
             version = int(res[0]["meta_info"].get("weight_version") or -1)
-            return Scores(torch.tensor(logp, dtype=torch.float64), got, version)
+            return Scores(logp, got, version)
 
         return self._reply("/generate", parse)
 
@@ -69,11 +71,11 @@ class HttpEngine(HttpClient):
             worker.join()
 
         def parse() -> Generated:
-            out = [[e[1] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
-            lp = [[e[0] for e in r["meta_info"]["output_token_logprobs"]] for r in res]
+            entries = [r["meta_info"]["output_token_logprobs"] for r in res]
+            out = numbers([_column(e, 1) for e in entries], new_tokens, "output_token_logprobs' token ids", True)
+            lp = numbers([_column(e, 0) for e in entries], new_tokens, "output_token_logprobs")
             ver = [[int(r["meta_info"].get("weight_version") or -1)] * new_tokens for r in res]
-            return Generated(torch.cat([prompts, torch.tensor(out)], 1), torch.tensor(lp, dtype=torch.float64),
-                             torch.tensor(ver))
+            return Generated(torch.cat([prompts, out], 1), lp, torch.tensor(ver))
 
         return self._reply("/generate", parse)
 
@@ -107,6 +109,14 @@ class HttpEngine(HttpClient):
         if r is None or (isinstance(r, dict) and not r.get("success", True)):
             raise EngineError(f"get_weights_by_name {name}: {r}")
         return self._reply("/get_weights_by_name", lambda: torch.tensor(r, dtype=torch.float32))
+
+
+def _column(entries, k: int):
+    """Item `k` of each [logprob, token_id, text] entry; an entry of another shape is kept whole, for
+    `numbers` to name."""
+    if not isinstance(entries, list):
+        return entries
+    return [e[k] if isinstance(e, list) and len(e) > k else e for e in entries]
 
 
 def _routes(b64: str, arch) -> torch.Tensor:

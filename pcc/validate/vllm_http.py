@@ -35,7 +35,7 @@ import threading
 import torch
 
 from .engine import ActivationRefused, EngineError, Generated, NotServed, Scores
-from .http_client import HttpClient
+from .http_client import HttpClient, numbers
 
 SCORE = {"max_tokens": 0, "echo": True, "prompt_logprobs": 0, "return_token_ids": True}
 # CompletionRequest._DEFAULT_SAMPLING_PARAMS with their neutral values: temperature 1, nothing filtered
@@ -110,16 +110,19 @@ class VllmEngine(HttpClient):
 
     def _prompt_logp(self, ids, prompt_len: int, res: list[dict], routes: bool):
         logp = []
-        for row, c in zip(ids, res):
+        for i, (row, c) in enumerate(zip(ids, res)):
             if c["prompt_token_ids"] != row:
                 raise ValueError(f"prompt_token_ids {c['prompt_token_ids']!r:.60} are not the tokens sent")
             pl = c["prompt_logprobs"]
+            if not isinstance(pl, list) or len(pl) != len(row):
+                got = f"{len(pl)} entries" if isinstance(pl, list) else type(pl).__name__
+                raise ValueError(f"prompt_logprobs of sequence {i}: {got} where {len(row)} go (one per prompt token)")
             logp.append([pl[j][str(row[j])]["logprob"] for j in range(prompt_len, len(row))])
         got = None
         if routes and self.arch.is_moe and all(c.get("routed_experts") for c in res):
             per = [_npy(c["routed_experts"], len(row) - 1, self.arch) for row, c in zip(ids, res)]
             got = [torch.stack([p[:, layer] for p in per]) for layer in range(self.arch.layers)]
-        return torch.tensor(logp, dtype=torch.float64), got
+        return numbers(logp, len(ids[0]) - prompt_len, "prompt_logprobs"), got
 
     def _decode(self, ids: list[list[int]], prompt_len: int) -> torch.Tensor:
         """Each response token scored by a request for its prefix alone, after a warm-up request with the
@@ -132,8 +135,8 @@ class VllmEngine(HttpClient):
 
         def parse() -> torch.Tensor:
             steps = iter(c["logprobs"]["top_logprobs"][0] for c in res)
-            return torch.tensor([[next(steps)[f"token_id:{row[t]}"] for t in range(prompt_len, len(row))]
-                                 for row in ids], dtype=torch.float64)
+            return numbers([[next(steps)[f"token_id:{row[t]}"] for t in range(prompt_len, len(row))] for row in ids],
+                           len(ids[0]) - prompt_len, "top_logprobs")
 
         return self._reply("/v1/completions", parse)
 
@@ -158,11 +161,9 @@ class VllmEngine(HttpClient):
             worker.join()
 
         def parse() -> Generated:
-            out = [c["token_ids"] for c in res]
-            lp = [c["logprobs"]["token_logprobs"] for c in res]
-            if any(len(t) != new_tokens or len(x) != new_tokens for t, x in zip(out, lp)):
-                raise ValueError(f"expected {new_tokens} tokens and log-probs per choice")
-            return Generated(torch.cat([prompts, torch.tensor(out)], 1), torch.tensor(lp, dtype=torch.float64), None)
+            out = numbers([c["token_ids"] for c in res], new_tokens, "token_ids", True)
+            lp = numbers([c["logprobs"]["token_logprobs"] for c in res], new_tokens, "token_logprobs")
+            return Generated(torch.cat([prompts, out], 1), lp, None)
 
         return self._reply("/v1/completions", parse)
 
