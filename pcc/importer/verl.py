@@ -242,6 +242,14 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
     block["engine"] = name
     par = _parallel(imp, v, R, (("tp", "tensor_model_parallel_size"), ("dp", "data_parallel_size"),
                                 ("ep", "expert_parallel_size"), ("pp", "pipeline_model_parallel_size")))
+    spans = par.get("tp", 1) * par.get("dp", 1)
+    if name == "vllm" and par.get("ep", 1) > 1 and par["ep"] != spans:
+        # verl passes vLLM enable_expert_parallel = expert_parallel_size > 1 (vllm_async_server.py), and vLLM's
+        # expert group is every tensor- and data-parallel rank: that is what runs
+        imp.warn("PCC804", f"rollout.expert_parallel_size {par['ep']}: verl only turns vLLM's expert parallelism on, "
+                 f"and vLLM spans it over tp x dp = {spans} ranks; written ep {spans}", f"{R}.expert_parallel_size",
+                 span=v.span(f"{R}.expert_parallel_size"))
+        par["ep"] = spans
     if par:
         block["parallel"] = par
     if _typed(imp, v, f"{R}.full_determinism", bool):
@@ -328,7 +336,13 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
     else:
         t["rules"] = []
         t["params"] = _dtype(imp, v, f"{A}.fsdp_config.dtype")
-        t["master"] = _dtype(imp, v, f"{A}.fsdp_config.model_dtype")
+        master = _dtype(imp, v, f"{A}.fsdp_config.model_dtype")
+        if master != "fp32":  # pcc's FSDP lowerings keep the sharded parameters fp32 (PCC641)
+            imp.warn("PCC804", f"fsdp_config.model_dtype {v.get(f'{A}.fsdp_config.model_dtype')}: verl's FSDP actor "
+                     f"holds its parameters and AdamW's moments in {master}; pcc keeps FSDP master weights and moments "
+                     "fp32 (written master fp32)", f"{A}.fsdp_config.model_dtype",
+                     span=v.span(f"{A}.fsdp_config.model_dtype"))
+        t["master"] = "fp32"
         t["optimizer"] = {}
         _state_offload(imp, v, f"{A}.fsdp_config.optimizer_offload")
         qat = f"{A}.fsdp_config.qat.enable"

@@ -72,7 +72,7 @@ VERL_PRECISION = re.compile(
     r"|megatron\.context_parallel_size|rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size"
     r"|name|quantization|kv_cache_dtype|dtype|response_length)|\.lora_rank$|\.lora_alpha$|\.target_modules$"
     r"|rollout_correction\.|use_precision_aware_optimizer|optimizer_offload|use_distributed_optimizer"
-    r"|fsdp_config\.(param_dtype|reduce_dtype)|mixed_precision)")
+    r"|fsdp_config\.(param_dtype|reduce_dtype|model_dtype|dtype)|mixed_precision)")
 
 
 def _kind(case: str) -> str:
@@ -200,25 +200,13 @@ def _outcome(case: str, model: str | None, tmp_path: Path) -> tuple[dict, list[s
     return {"model": model, "outcome": "compiled", "warnings": warnings}, _lost(case, imp, compiled.plan)
 
 
-# Launches whose imported contract does not check yet (issue 26 left open on them): the import
-# should carry them or refuse them with a code, never hand over a contract that fails `pcc check`.
-KNOWN_GAPS = {
-    "verl/grpo_trainer/run_qwen3_8b_fsdp.sh": "fsdp_config.model_dtype=bfloat16 (pure-BF16 FSDP parameters) "
-                                              "imports as bf16 master weights, which PCC308 refuses",
-    "verl/tuning/lora/run_qwen3_8b_merge_fsdp.sh": "the same: fsdp_config.model_dtype=bf16",
-    "verl/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": "rollout expert_parallel_size 2 with tp x dp = 4: the "
-                                                       "import states ep 2, which vLLM cannot run (PCC622)",
-}
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_published_launch(case, tmp_path):
     got, lost = _outcome(case, _model(case), tmp_path)
     if UPDATE:
         EXPECTED[case] = got
         EXPECTED_FILE.write_text(json.dumps(dict(sorted(EXPECTED.items())), indent=1) + "\n")
-    assert got["outcome"].startswith("check") == (case in KNOWN_GAPS), \
-        f"{case}: {got} ({KNOWN_GAPS.get(case, 'the imported contract must check')})"
+    assert not got["outcome"].startswith("check"), f"{case}: the imported contract does not check: {got}"
     assert got == EXPECTED.get(case), case
     assert not lost, f"{case}: settings the round trip changes and no warning names: {lost}"
 
