@@ -54,6 +54,7 @@ class Parallel(_Model):
     tp: int = Field(default=1, ge=1, le=4096)
     ep: int = Field(default=1, ge=1, le=4096)
     pp: int = Field(default=1, ge=1, le=4096)
+    cp: int = Field(default=1, ge=1, le=4096)  # context parallelism: a sequence's tokens split over ranks
     dp: int = Field(default=1, ge=1, le=65536)
     gpus: int | None = Field(default=None, ge=1, le=1_000_000)
 

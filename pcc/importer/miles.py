@@ -336,16 +336,12 @@ def _trainer(imp: Imported, launch: Launch, catalog: Catalog) -> None:
                            path="--optimizer", file=launch.file)
     par = {}
     for key, flag in (("tp", "--tensor-model-parallel-size"), ("ep", "--expert-model-parallel-size"),
-                      ("pp", "--pipeline-model-parallel-size")):
+                      ("pp", "--pipeline-model-parallel-size"), ("cp", "--context-parallel-size")):
         n = launch.number(flag, int)
         if n is not None and n != 1:
             par[key] = n
     if par:
         t["parallel"] = par
-    cp = launch.number("--context-parallel-size", int, 1)
-    if cp != 1:
-        imp.warn("PCC807", f"--context-parallel-size {cp}: a contract has no context parallelism; the trainer's "
-                 "parallel sizes leave it out", "--context-parallel-size")
     for flag in ("--no-fp8-wgrad", "--fp4-param-gather", "--fp8-output-proj", "--keep-fp8-transpose-cache"):
         if launch.has(flag):
             imp.warn("PCC807", f"{flag}: pcc has no field for it; the contract does not state it", flag)

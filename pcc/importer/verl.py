@@ -323,13 +323,8 @@ def _trainer(imp: Imported, v: _View, catalog: Catalog, megatron: bool, env: dic
         t["params"] = _dtype(imp, v, f"{MEGA}.dtype")
         t["optimizer"] = {"distributed": bool(_typed(imp, v, f"{MEGA}.use_distributed_optimizer", bool))}
         _state_offload(imp, v, f"{MEGA}.optimizer_offload")
-        cp = _typed(imp, v, f"{MEGA}.context_parallel_size", int)
-        if cp not in (None, 1):
-            imp.warn("PCC807", f"megatron.context_parallel_size {cp}: a contract has no context parallelism; the "
-                     "trainer's parallel sizes leave it out", f"{MEGA}.context_parallel_size",
-                     span=v.span(f"{MEGA}.context_parallel_size"))
         par = _parallel(imp, v, MEGA, (("tp", "tensor_model_parallel_size"), ("pp", "pipeline_model_parallel_size"),
-                                       ("ep", "expert_model_parallel_size")))
+                                       ("ep", "expert_model_parallel_size"), ("cp", "context_parallel_size")))
         if par:
             t["parallel"] = par
         qat = f"{MEGA}.qat.enable"

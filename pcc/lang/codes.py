@@ -98,6 +98,7 @@ CODES: dict[str, Code] = {
     "PCC628": Code("error", "a correction verl cannot weigh"),
     "PCC629": Code("error", "a sync verl's main_ppo does not run"),
     "PCC630": Code("error", "a contract Miles cannot launch"),
+    "PCC631": Code("error", "context parallelism a target does not lower"),
     "PCC640": Code("error", "a trainer precision torchao cannot train"),
     "PCC641": Code("error", "trainer state FSDP2 cannot hold"),
     "PCC642": Code("error", "LoRA the FSDP trainer cannot apply"),

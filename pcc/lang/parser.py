@@ -25,7 +25,7 @@ _TERMINAL_NAMES = {
     "LBRACE": "'{'", "RBRACE": "'}'", "COLON": "':'", "COMMA": "','", "EQUAL": "'='",
     "LSQB": "'['", "RSQB": "']'", "PLUS": "'+'", "CMP": "a comparison (<=, >=, <, >, ==)",
     "ROLE": "weights/activations/gradients", "COMPONENT": "fprop/dgrad/wgrad/gemm",
-    "STATE": "params/master/moments/grads/param_gather", "PAR_KEY": "tp/ep/pp/dp/gpus",
+    "STATE": "params/master/moments/grads/param_gather", "PAR_KEY": "tp/ep/pp/cp/dp/gpus",
     "SYNC_KEY": "a sync option", "CORR_KEY": "clip/low/level/threshold", "$END": "end of file",
 }
 

@@ -185,7 +185,8 @@ def _accumulate_output(plan: Plan) -> None:
 
 @target("megatron", honours=("trainer.rules", "trainer.params", "trainer.master", "trainer.moments",
                              "trainer.grads", "trainer.param_gather", "trainer.impl", "trainer.optimizer",
-                             "trainer.parallel.tp", "trainer.parallel.pp", "trainer.parallel.ep", "trainer.hardware"))
+                             "trainer.parallel.tp", "trainer.parallel.pp", "trainer.parallel.ep", "trainer.parallel.cp",
+                             "trainer.hardware"))
 def lower_megatron(plan: Plan) -> Lowered:
     t, cat = plan.contract.trainer, plan.catalog
     tab = tables()
@@ -322,6 +323,8 @@ def lower_megatron(plan: Plan) -> Lowered:
     put("--tensor-model-parallel-size", str(p.tp), "trainer.parallel.tp")
     put("--pipeline-model-parallel-size", str(p.pp), "trainer.parallel.pp")
     put("--expert-model-parallel-size", str(p.ep), "trainer.parallel.ep")
+    if p.cp > 1:
+        put("--context-parallel-size", str(p.cp), "trainer.parallel.cp")
     if cat.is_moe:
         put("--expert-tensor-parallel-size", "1", "trainer.parallel")
         notes.append("--expert-tensor-parallel-size 1: routed experts are split across EP ranks, not cut by TP "

@@ -129,12 +129,13 @@ def placement(plan: Plan) -> tuple[list[Setting], list[str], list[Unsupported]]:
     args: list[Setting] = []
     notes: list[str] = []
     warn: list[Unsupported] = []
-    world = t.gpus or (r.gpus if colocated else None) or (t.tp * t.pp * t.dp if t.dp > 1 else None)
-    if t.gpus and t.dp > 1 and t.gpus != t.tp * t.pp * t.dp:
+    model = t.tp * t.pp * t.cp  # the ranks one model replica spans; Megatron's dp is the GPUs over that
+    world = t.gpus or (r.gpus if colocated else None) or (model * t.dp if t.dp > 1 else None)
+    if t.gpus and t.dp > 1 and t.gpus != model * t.dp:
         warn.append(Unsupported(
             f"Megatron derives its data-parallel size from the GPUs it is given: {t.gpus} / (tp {t.tp} x pp "
-            f"{t.pp}) = {t.gpus / (t.tp * t.pp):g}, not the contract's dp {t.dp}", "PCC616", "trainer.parallel.dp",
-            f"write gpus {t.tp * t.pp * t.dp}, or drop dp"))
+            f"{t.pp} x cp {t.cp}) = {t.gpus / model:g}, not the contract's dp {t.dp}", "PCC616",
+            "trainer.parallel.dp", f"write gpus {model * t.dp}, or drop dp"))
     if world:
         node = hardware_table().get(plan.hardware("trainer") or "", {}).get("gpus_per_node", 8)
         if world <= node or world % node == 0:

@@ -138,6 +138,10 @@ def lower_sglang(plan: Plan) -> Lowered:
     put("--dp-size", str(par.dp), "rollout.parallel.dp")
     if par.pp > 1:
         put("--pp-size", str(par.pp), "rollout.parallel.pp")
+    if par.cp > 1:
+        refuse("PCC631", f"rollout cp {par.cp}: pcc lowers context parallelism for the Megatron trainer only "
+               "(SGLang's --attn-cp-size splits prefill attention, not the sequence the contract means)",
+               "rollout.parallel.cp", hint="drop cp from the rollout's parallel statement")
     if plan.hardware("rollout") == "cpu":
         put("--device", "cpu", "rollout.hardware" if c.rollout.hardware else "hardware")
         notes.append("--device cpu: the contract's rollout hardware is cpu")

@@ -120,6 +120,9 @@ def _fsdp(plan: Plan, notes: list[str], caveats: list[Unsupported]) -> None:
                 unsupported("PCC625", f"verl's FSDP actor runs {comp} in BF16; the contract asks for "
                             f"{d.scheme.format}", d.path, hint="use 'trainer megatron' for a low-precision trainer")
     t = plan.contract.trainer
+    if t.parallel.cp > 1:
+        unsupported("PCC631", f"trainer cp {t.parallel.cp}: pcc lowers verl's FSDP actor without context (Ulysses "
+                    "sequence) parallelism", "trainer.parallel.cp", hint="use 'trainer megatron' for cp")
     if t.optimizer.kind != "adam":
         unsupported("PCC625", f"verl's FSDP actor runs torch's AdamW (actor.optim.optimizer); the contract asks for "
                     f"{t.optimizer.kind}", "trainer.optimizer", hint="write 'optimizer adam'")

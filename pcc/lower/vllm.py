@@ -68,6 +68,10 @@ def _kv_cache_dtype(plan: Plan) -> str:
 def _parallel(plan: Plan, notes: list[str]) -> list[Setting]:
     """vLLM's MoE layers shard experts over all tp x dp ranks with --enable-expert-parallel, else over none."""
     par = plan.contract.rollout.parallel
+    if par.cp > 1:
+        refuse("PCC631", f"rollout cp {par.cp}: pcc lowers context parallelism for the Megatron trainer only "
+               "(vLLM's --decode-context-parallel-size splits the KV cache in decode, not the sequence the "
+               "contract means)", "rollout.parallel.cp", hint="drop cp from the rollout's parallel statement")
     args = [flag("vllm", "--tensor-parallel-size", str(par.tp), "rollout.parallel.tp"),
             flag("vllm", "--pipeline-parallel-size", str(par.pp), "rollout.parallel.pp"),
             flag("vllm", "--data-parallel-size", str(par.dp), "rollout.parallel.dp")]

@@ -166,3 +166,22 @@ def test_checkable_drops_only_what_tests_a_gpu_library(engine):
     args = ["--multi-latent-attention", "--beta-fast", "1", "--moe-permute-fusion", "--rotary-base", "50000"]
     assert engine.checkable(args, ["--beta-fast"]) == ["--multi-latent-attention", "--rotary-base", "50000"]
     assert engine.checkable(["--swiglu"], [])[-1] == "--no-rope-fusion"
+
+
+def test_context_parallelism_reaches_megatron_verl_and_the_miles_world_size(tmp_path):
+    """`parallel cp N` is Megatron's --context-parallel-size (checked by its own parser), verl's
+    actor.megatron.context_parallel_size, and one model replica of tp x pp x cp GPUs in Miles' count."""
+    from pcc.lower import compile_file, lower
+
+    src = tmp_path / "cp.prec"
+    src.write_text("contract cp {\n  model qwen3_8b\n  hardware H100\n  trainer megatron {\n"
+                   "    parallel tp 2 cp 2 dp 2 gpus 12\n  }\n}\n")
+    plan = compile_file(str(src)).plan
+    assert lower(plan, "megatron").value("--context-parallel-size") == "2"
+    caveat = next(c for c in lower(plan, "miles").caveats if c.path == "trainer.parallel.dp")
+    assert "tp 2 x pp 1 x cp 2" in caveat.message and "gpus 8" in caveat.hint
+    verl = tmp_path / "cpv.prec"
+    verl.write_text(src.read_text().replace("hardware H100\n", "hardware H100\n  framework verl\n")
+                    .replace(" dp 2 gpus 12", ""))
+    keys = {s.key: s.value for s in lower(compile_file(str(verl)).plan, "verl").settings}
+    assert keys["actor_rollout_ref.actor.megatron.context_parallel_size"] == 2
