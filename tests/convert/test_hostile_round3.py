@@ -1,0 +1,145 @@
+"""Hostile input, round 3 (issue 27), the converting class: FP8 block scales that are not finite and positive,
+a diverged trainer adapter, a config.json that counts other layers than the tensors hold, a weight dtype pcc
+does not read, a missing shard, two conversions into one destination, Ctrl-C and a full disk. Each is one
+coded line (exit 1; 130 when interrupted) and nothing is written to the destination."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+
+import pytest
+from convert_helpers import make_checkpoint, write_contract
+from safetensors.torch import load_file, save_file
+
+from pcc.cli import main
+from pcc.convert import run, shards
+from pcc.convert.run import partial_dir
+
+RULES = {"copied": "linear : fp8_block\n    keep bf16 : embed, lm_head, router, norm",
+         "dequantized": "linear : bf16"}
+
+
+def _contract(directory, rules: str, model: str = "tiny_moe"):
+    """A contract for `model` (a catalog name, or `from "DIR"`) with these rollout rules."""
+    path = directory / "c.prec"
+    path.write_text(f"contract round3 {{\n  model {model}\n  hardware H100\n  rollout sglang {{\n    {rules}\n  }}\n"
+                    "  trainer megatron {\n    gemm : bf16\n    optimizer adam\n  }\n  trainable all\n"
+                    "  sync full_weights { schedule colocated bridge bf16 activation atomic }\n"
+                    "  routing replay rollout\n}\n", encoding="utf-8")
+    return path
+
+
+def _run(capsys, *argv) -> tuple[int, list[dict]]:
+    """`pcc ARGV --json` in this process: its exit code and diagnostics."""
+    code = main([*argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)["diagnostics"]
+
+
+def _convert(capsys, contract, src, dst, *extra):
+    return _run(capsys, "convert", str(contract), "--source", str(src), "-o", str(dst), *extra)
+
+
+def _convert_text(capsys, contract, src, dst, *extra) -> tuple[int, list[str]]:
+    """The same without --json: the exit code and the lines on stderr."""
+    code = main(["convert", str(contract), "--source", str(src), "-o", str(dst), *extra])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _nothing_written(dst) -> None:
+    assert not dst.exists() and not partial_dir(dst.resolve()).exists()
+
+
+def _edit(src, name: str, fn) -> None:
+    """Replace tensor `name` in the shard of `src` that holds it by `fn(tensor)`."""
+    for f in sorted(src.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        if name in tensors:
+            tensors[name] = fn(tensors[name].clone())
+            save_file(tensors, str(f), metadata={"format": "pt"})
+            return
+    raise AssertionError(f"no {name} in {src}")
+
+
+ADAPTER_CONTRACT = """contract lora-round3 {
+  model tiny_dense
+  hardware H100
+  rollout sglang { linear : fp8_block }
+  trainer megatron { gemm : bf16 optimizer adam }
+  trainable lora rank 8 alpha 16 targets attn.q
+  sync adapter { schedule colocated activation atomic }
+}
+"""
+
+
+def _hold(dst) -> int:
+    """Take the destination's lock as a running `pcc convert` holds it (docs/safety.md)."""
+    fd = os.open(dst.with_name(f".{dst.name}.pcc-lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.pwrite(fd, b"4242\n", 0)
+    return fd
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.fixture
+def moe(tmp_path):
+    src = tmp_path / "src"
+    make_checkpoint(src, "tiny_moe")
+    return src, write_contract(tmp_path, "fp8_block")
+
+
+# ---- 6. Ctrl-C ----
+
+@pytest.mark.parametrize("step, shard_size, kept", [("_compute", "5GB", False), ("_finish", "100KB", True)])
+def test_ctrl_c_exits_130_saying_what_it_left(moe, tmp_path, capsys, monkeypatch, step, shard_size, kept):
+    src, contract = moe
+    dst = tmp_path / "dst"
+    monkeypatch.setattr(run, step, _interrupt)
+    code, lines = _convert_text(capsys, contract, src, dst, "--max-shard-size", shard_size)
+    assert code == 130 and len(lines) == 1, lines
+    assert "interrupted" in lines[0] and f"nothing was written to {dst.resolve()}" in lines[0], lines
+    assert not dst.exists() and partial_dir(dst.resolve()).exists() == kept
+    if not kept:
+        return
+    assert "--resume" in lines[0], lines
+    monkeypatch.undo()
+    code = main(["convert", str(contract), "--source", str(src), "-o", str(dst), "--max-shard-size", shard_size,
+                 "--resume", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["result"]["resumed_shards"] > 1
+
+
+# ---- 7. a full disk ----
+
+def _enospc(*args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class _FullDisk:
+    """The os module as the shard writer sees it on a full disk: every write and fsync fails with ENOSPC."""
+
+    write = fsync = staticmethod(_enospc)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+@pytest.mark.parametrize("sink", ["direct", "buffered"])
+def test_a_full_disk_is_one_line_naming_the_file(moe, tmp_path, capsys, monkeypatch, sink):
+    src, contract = moe
+    monkeypatch.setattr(shards, "os", _FullDisk())
+    if sink == "buffered":
+        monkeypatch.setattr(shards, "_open_direct", lambda path: None)
+    dst = tmp_path / "dst"
+    code, diags = _convert(capsys, contract, src, dst)
+    assert code == 1 and diags[0]["code"] == "PCC709", diags
+    shard = str(partial_dir(dst.resolve()) / "model.safetensors")
+    assert diags[0]["message"].startswith(f"{shard}.tmp: cannot write: No space left on device"), diags
+    _nothing_written(dst)
+    code, lines = _convert_text(capsys, contract, src, dst)
+    assert code == 1 and len(lines) == 1 and "No space left on device" in lines[0], lines
+    os.close(_hold(dst))  # released
