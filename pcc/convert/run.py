@@ -30,6 +30,7 @@ from pcc.convert.destination import (
     CHECKPOINT_MARK,
     check_destination,
     check_work,
+    destination_lock,
     is_checkpoint,
 )
 from pcc.convert.shards import (
@@ -77,12 +78,13 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     root = Path(src.root).resolve()
     if dst == root or root in dst.parents or dst in root.parents:
         raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
-    work = _staging(dst, resume, force)
-    with _stopping(dst, work):
-        made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
-                              calibration_tokens)
-        with writing(work):
-            _install(work, dst)
+    with destination_lock(dst):
+        work = _staging(dst, resume, force)
+        with _stopping(dst, work):
+            made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
+                                  calibration_tokens)
+            with writing(work):
+                _install(work, dst)
     secs = time.perf_counter() - t0
     return {"ok": True, "destination": str(dst), "layout": doc["layout"], **made, "seconds": round(secs, 3),
             "input_gb_per_s": round(made["input_bytes"] / secs / 1e9, 3) if secs else None} | scales.summary()

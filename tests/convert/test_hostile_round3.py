@@ -11,6 +11,7 @@ import json
 import os
 
 import pytest
+import torch
 from convert_helpers import make_checkpoint, write_contract
 from safetensors.torch import load_file, save_file
 
@@ -91,6 +92,53 @@ def moe(tmp_path):
     src = tmp_path / "src"
     make_checkpoint(src, "tiny_moe")
     return src, write_contract(tmp_path, "fp8_block")
+
+
+# ---- 5. one conversion at a time into a destination ----
+
+def _adapter_argv(tmp_path, dst) -> list[str]:
+    contract = tmp_path / "lora.prec"
+    contract.write_text(ADAPTER_CONTRACT)
+    src = tmp_path / "adapter.safetensors"
+    save_file({f"model.layers.{k}.self_attn.q_proj.lora_{p}.weight": torch.zeros(*s, dtype=torch.bfloat16)
+               for k in range(4) for p, s in (("A", (8, 128)), ("B", (128, 8)))}, str(src))
+    return ["convert", str(contract), "--adapter", str(src), "-o", str(dst)]
+
+
+@pytest.mark.parametrize("verb", ["convert", "adapter"])
+def test_a_second_conversion_into_a_locked_destination_is_refused(moe, tmp_path, capsys, verb):
+    src, contract = moe
+    dst = tmp_path / "dst"
+    argv = (["convert", str(contract), "--source", str(src), "-o", str(dst)] if verb == "convert"
+            else _adapter_argv(tmp_path, dst))
+    fd = _hold(dst)
+    try:
+        code, diags = _run(capsys, *argv)
+    finally:
+        os.close(fd)
+    lock = str(dst.with_name(".dst.pcc-lock"))
+    assert code == 1 and diags[0]["code"] == "PCC711", diags
+    assert lock in diags[0]["message"] and "4242" in diags[0]["message"], diags
+    assert not dst.exists()
+    assert _run(capsys, *argv)[0] == 0  # the holder has gone: written
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("a bug")
+
+
+@pytest.mark.parametrize("how", ["success", "refusal", "exception", "interrupt"])
+def test_the_lock_is_released_however_the_conversion_ends(moe, tmp_path, capsys, monkeypatch, how):
+    src, contract = moe
+    dst = tmp_path / "dst"
+    if how == "refusal":
+        dst.mkdir()
+        (dst / "keep").write_text("x")
+    if how in ("exception", "interrupt"):
+        monkeypatch.setattr(run, "_finish", _boom if how == "exception" else _interrupt)
+    code, _ = _convert(capsys, contract, src, dst)
+    assert code == {"success": 0, "refusal": 1, "exception": 3, "interrupt": 130}[how]
+    os.close(_hold(dst))  # free again
 
 
 # ---- 6. Ctrl-C ----
