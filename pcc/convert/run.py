@@ -242,6 +242,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         Encoded,
         check_codes,
         copied_tensors,
+        read,
         read_rows,
     )
     from pcc.plan.encode import place_fused
@@ -292,7 +293,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                             return
                         buf = src.map(codes, (first, n))
                         put(loaded, (it, ("codes", buf, first + n >= count), buf))
-                    rest = Encoded(enc, {role: src.load(t) for role, t in enc.parts if role != "weight"})
+                    rest = read(src, enc, codes=False)
                     put(loaded, (it, ("rest", rest, True), None))
                     continue
                 if it["rows"] and enc is not None:  # a quantized source's rows: about PIECE_BYTES as float32

@@ -9,11 +9,13 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 
 import pytest
 import torch
 from convert_helpers import make_checkpoint, write_contract
 from safetensors.torch import load_file, save_file
+from test_convert_quantized_sources import make_block_fp8
 
 from pcc.cli import main
 from pcc.convert import run, shards
@@ -92,6 +94,41 @@ def moe(tmp_path):
     src = tmp_path / "src"
     make_checkpoint(src, "tiny_moe")
     return src, write_contract(tmp_path, "fp8_block")
+
+
+# ---- 1. FP8 block scales: finite and positive, checked before use ----
+
+SCALE = "model.layers.1.self_attn.o_proj.weight_scale_inv"  # o_proj [256, 128] in 128x128 blocks: scales [2, 1]
+
+
+@pytest.fixture(scope="module")
+def fp8_source(tmp_path_factory):
+    src = tmp_path_factory.mktemp("fp8") / "src"
+    make_block_fp8(src, hidden_size=256)
+    return src
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, float("nan"), float("inf")])
+@pytest.mark.parametrize("path", ["copied", "dequantized"])
+@pytest.mark.parametrize("piece", [None, 4096], ids=["whole", "in pieces"])  # pieces: the scale rows from row 1
+def test_an_fp8_block_scale_that_is_not_finite_and_positive_is_refused(fp8_source, tmp_path, capsys, monkeypatch,
+                                                                       value, path, piece):
+    if piece:
+        monkeypatch.setattr(run, "PIECE_BYTES", piece)
+    src = tmp_path / "src"
+    shutil.copytree(fp8_source, src)
+
+    def spoil(t):
+        t[1, 0] = value
+        return t
+    _edit(src, SCALE, spoil)
+    dst = tmp_path / "dst"
+    code, diags = _convert(capsys, _contract(tmp_path, RULES[path]), src, dst)
+    assert code == 1 and diags[0]["code"] == "PCC702", diags
+    message = diags[0]["message"]
+    assert SCALE in message and "[1, 0]" in message and "finite and positive" in message, message
+    assert message.startswith(f"{src}/model-0000"), message  # the file that holds the scale
+    _nothing_written(dst)
 
 
 # ---- 5. one conversion at a time into a destination ----
