@@ -95,6 +95,7 @@ def _read_adapter_file(f: Path, targets: dict, rank: int) -> dict:
                 raise ConvertError(f"{f}: {name} is not a LoRA tensor of a contract target "
                                    f"({len(targets)} targets, e.g. {next(iter(targets))})")
             t = h.get_tensor(name)
+            _check_finite(f, name, t)
             part = "lora_A" if "lora_A" in suffix else "lora_B"
             n, k = targets[module].shape
             want = [rank, k] if part == "lora_A" else [n, rank]
@@ -104,3 +105,14 @@ def _read_adapter_file(f: Path, targets: dict, rank: int) -> dict:
             tensors[f"base_model.model.{module}.{part}.weight"] = t.contiguous()
     return tensors
 
+
+def _check_finite(f: Path, name: str, t) -> None:
+    """A LoRA tensor holding NaN or inf (a diverged run) is refused: the engine would serve NaN (PCC713)."""
+    import torch
+
+    from pcc.numerics import all_finite
+
+    if not all_finite(t):
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise ConvertError(f"{f}: {name} holds NaN or inf (first at {bad}): the run that trained it diverged; "
+                           "export the adapter of an earlier step", code="PCC713")

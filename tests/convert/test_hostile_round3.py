@@ -131,6 +131,28 @@ def test_an_fp8_block_scale_that_is_not_finite_and_positive_is_refused(fp8_sourc
     _nothing_written(dst)
 
 
+# ---- 2. a trainer adapter holding NaN or inf ----
+
+@pytest.mark.parametrize("part, value", [("lora_A", float("nan")), ("lora_B", float("inf")), ("lora_B", -float("inf"))])
+def test_an_adapter_holding_nan_or_inf_is_refused(tmp_path, capsys, part, value):
+    contract = tmp_path / "c.prec"
+    contract.write_text(ADAPTER_CONTRACT)
+    tensors = {}
+    for layer in range(4):
+        m = f"model.layers.{layer}.self_attn.q_proj"
+        tensors[m + ".lora_A.weight"] = torch.randn(8, 128).to(torch.bfloat16)
+        tensors[m + ".lora_B.weight"] = torch.randn(128, 8).to(torch.bfloat16)
+    bad = f"model.layers.2.self_attn.q_proj.{part}.weight"
+    tensors[bad][3, 5] = value
+    src = tmp_path / "adapter.safetensors"
+    save_file(tensors, str(src))
+    dst = tmp_path / "peft"
+    code, diags = _run(capsys, "convert", str(contract), "--adapter", str(src), "-o", str(dst))
+    assert code == 1 and diags[0]["code"] == "PCC713", diags
+    assert bad in diags[0]["message"] and "NaN or inf" in diags[0]["message"] and "[3, 5]" in diags[0]["message"]
+    _nothing_written(dst)
+
+
 # ---- 5. one conversion at a time into a destination ----
 
 def _adapter_argv(tmp_path, dst) -> list[str]:
