@@ -20,6 +20,7 @@ from test_convert_quantized_sources import make_block_fp8
 from pcc.cli import main
 from pcc.convert import run, shards
 from pcc.convert.run import partial_dir
+from pcc.models import CatalogError, catalog_from_checkpoint
 
 RULES = {"copied": "linear : fp8_block\n    keep bf16 : embed, lm_head, router, norm",
          "dequantized": "linear : bf16"}
@@ -151,6 +152,45 @@ def test_an_adapter_holding_nan_or_inf_is_refused(tmp_path, capsys, part, value)
     assert code == 1 and diags[0]["code"] == "PCC713", diags
     assert bad in diags[0]["message"] and "NaN or inf" in diags[0]["message"] and "[3, 5]" in diags[0]["message"]
     _nothing_written(dst)
+
+
+# ---- 3. config.json counting other layers than the tensors hold ----
+
+def _layers(directory, count: int, index_only: bool) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    config["num_hidden_layers"] = count
+    (directory / "config.json").write_text(json.dumps(config))
+    if index_only:
+        for f in directory.glob("*.safetensors"):
+            f.unlink()
+
+
+@pytest.mark.parametrize("count, index_only", [(10**7, True), (6, True), (6, False)])
+def test_config_layers_must_be_the_tensors_layers(tmp_path, capsys, count, index_only):
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, "tiny_moe")  # 4 layers
+    _layers(ckpt, count, index_only)
+    with pytest.raises(CatalogError) as info:
+        catalog_from_checkpoint(ckpt)
+    assert info.value.code == "PCC209" and str(count) in str(info.value) and "4" in str(info.value)
+    code, diags = _run(capsys, "check", str(_contract(tmp_path, RULES["copied"], 'from "ckpt"')))
+    assert code == 1 and [d["code"] for d in diags if d["severity"] == "error"] == ["PCC209"], diags
+    if not index_only:
+        dst = tmp_path / "dst"
+        code, diags = _convert(capsys, write_contract(tmp_path, "fp8_block"), ckpt, dst)
+        assert code == 1 and diags[0]["code"] == "PCC209" and str(count) in diags[0]["message"], diags
+        _nothing_written(dst)
+
+
+def test_mtp_layers_past_the_count_are_still_read(tmp_path):
+    """A layer at or past num_hidden_layers is an MTP layer (DeepSeek-V3's 61): more layers than counted is no error."""
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, "tiny_moe")
+    _layers(ckpt, 3, index_only=True)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (ckpt / "config.json").write_text(json.dumps(config))
+    assert {op.layer for op in catalog_from_checkpoint(ckpt).operators} >= {0, 1, 2, 3}
 
 
 # ---- 5. one conversion at a time into a destination ----
