@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from pcc.models.base import FAMILIES, CatalogError, Operator, check_config, config_dtype, lm_config
+from pcc.models.base import (FAMILIES, READS, WEIGHT_DTYPES, CatalogError, Operator, check_config, config_dtype,
+                             lm_config)
 from pcc.models.classify import Slot, classify, order_key
 from pcc.models.shapes import formula_shape
 
@@ -111,6 +112,8 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
         elif check_shapes and expected is not None and shape != expected:
             raise CatalogError(_disagreement(tensor, where, shape, expected, dtype),
                                code="PCC208" if _packed(shape, expected, dtype) else "PCC204")
+        if dtype not in WEIGHT_DTYPES:
+            raise CatalogError(f"{tensor} in {where}: stored as {dtype}, not a weight dtype: {READS}", code="PCC210")
         if slot.family == "vision" and len(shape) != 2:
             slot = slot._replace(family="other")  # a patch-embedding convolution, a position table: no GEMM
         placed.append((order_key(slot, tensor), Operator(tensor, slot.family, slot.layer,

@@ -193,6 +193,25 @@ def test_mtp_layers_past_the_count_are_still_read(tmp_path):
     assert {op.layer for op in catalog_from_checkpoint(ckpt).operators} >= {0, 1, 2, 3}
 
 
+# ---- 4. weight dtypes pcc does not read ----
+
+@pytest.mark.parametrize("tensor", ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight"])
+@pytest.mark.parametrize("dtype, stored", [(torch.int16, "int16"), (torch.uint16, "U16"), (torch.float64, "fp64")])
+def test_a_weight_dtype_pcc_does_not_read_says_which_it_does(moe, tmp_path, capsys, tensor, dtype, stored):
+    src, contract = moe
+    _edit(src, tensor, lambda t: (t.float() * 100).to(dtype))
+    dst = tmp_path / "dst"
+    code, diags = _convert(capsys, contract, src, dst)
+    assert code == 1 and diags[0]["code"] in ("PCC210", "PCC710"), diags
+    message = diags[0]["message"]
+    assert tensor in message and stored in message and "BF16, F16 or F32" in message, message
+    assert "I16" not in message.split("BF16, F16 or F32")[0], message  # never listed as what pcc reads
+    _nothing_written(dst)
+    code, diags = _run(capsys, "check", str(_contract(tmp_path, RULES["copied"], 'from "src"')))
+    assert code == 1 and [d["code"] for d in diags if d["severity"] == "error"] == ["PCC210"], diags
+    assert "BF16, F16 or F32" in diags[0]["message"]
+
+
 # ---- 5. one conversion at a time into a destination ----
 
 def _adapter_argv(tmp_path, dst) -> list[str]:
