@@ -264,7 +264,8 @@ def open_source(root: str | Path) -> Source:
     for file in files:
         path = inside(root, file, "shard")
         if not path.is_file():
-            raise ConvertError(f"{path}: listed in {INDEX} but missing")
+            what = "not a regular file" if path.exists() else "shard file missing"
+            raise ConvertError(f"{path}: {what} ({INDEX} names it)")
         header, src.data_start[file] = checked_header(path)
         for name, entry in header.items():
             if name in src.where:

@@ -54,8 +54,8 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
         weights, extras = _index_only(config, weight_map)
     elif len(present) < len(files):
         missing = sorted(set(files) - set(present))
-        raise CatalogError(
-            f"{root}: {_INDEX} lists shard files that are missing: {', '.join(missing)}")
+        more = f"; {len(missing) - 1} more of its shard files are missing too" if len(missing) > 1 else ""
+        raise CatalogError(f"{root / missing[0]}: shard file missing ({_INDEX} names it{more})", code="PCC210")
     else:
         weights, extras = _read_shards(root, config, files, weight_map)
     known = lm_config(config).get("model_type") in KNOWN_MODEL_TYPES

@@ -212,6 +212,23 @@ def test_a_weight_dtype_pcc_does_not_read_says_which_it_does(moe, tmp_path, caps
     assert "BF16, F16 or F32" in diags[0]["message"]
 
 
+# ---- 8. a shard the index names is missing ----
+
+def test_a_missing_shard_is_named_as_missing(moe, tmp_path, capsys):
+    src, contract = moe
+    shard = src / "model-00002-of-00002.safetensors"
+    shard.unlink()
+    dst = tmp_path / "dst"
+    code, diags = _convert(capsys, contract, src, dst)
+    assert code == 1 and diags[0]["code"] == "PCC702", diags
+    assert f"{shard}: shard file missing" in diags[0]["message"], diags
+    _nothing_written(dst)
+    code, diags = _run(capsys, "check", str(_contract(tmp_path, RULES["copied"], 'from "src"')))
+    errors = [d for d in diags if d["severity"] == "error"]
+    assert code == 1 and [d["code"] for d in errors] == ["PCC210"], diags
+    assert f"{shard}: shard file missing" in errors[0]["message"], errors
+
+
 # ---- 5. one conversion at a time into a destination ----
 
 def _adapter_argv(tmp_path, dst) -> list[str]:
