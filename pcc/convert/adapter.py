@@ -16,25 +16,37 @@ from pathlib import Path
 
 from pcc.convert import ConvertError
 from pcc.convert.contract import load_plan
-from pcc.convert.destination import check_destination, check_work, is_adapter
+from pcc.convert.destination import (
+    check_destination,
+    check_work,
+    destination_lock,
+    is_adapter,
+)
 from pcc.convert.source import checked_header, inside
 
 _SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".lora_A", ".lora_B")
 
 
 def export_adapter(contract: str, source: str, destination: str, force: bool = False) -> dict:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     plan = load_plan(contract)
     c = plan.contract
     if c.trainable.kind != "lora":
         raise ConvertError(f"{contract}: 'trainable {c.trainable.kind}' has no adapter to export")
     dst = Path(destination)
-    check_destination(dst, force, is_adapter, "an exported adapter (only adapter_config.json and "
-                      "adapter_model.safetensors)")
-    work = dst.with_name(f".{dst.name}.partial")
-    check_work(work, is_adapter)
+    with destination_lock(dst.resolve()):
+        check_destination(dst, force, is_adapter, "an exported adapter (only adapter_config.json and "
+                          "adapter_model.safetensors)")
+        work = dst.with_name(f".{dst.name}.partial")
+        check_work(work, is_adapter)
+        return _export(plan, source, dst, work)
+
+
+def _export(plan, source: str, dst: Path, work: Path) -> dict:
+    """The adapter read, checked against the contract's targets and rank, written in PEFT layout."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    c = plan.contract
     src = Path(source)
     files = [inside(src, f.name, "adapter file") for f in sorted(src.glob("*.safetensors"))] if src.is_dir() else [src]
     if not files or not all(f.is_file() for f in files):
@@ -83,6 +95,7 @@ def _read_adapter_file(f: Path, targets: dict, rank: int) -> dict:
                 raise ConvertError(f"{f}: {name} is not a LoRA tensor of a contract target "
                                    f"({len(targets)} targets, e.g. {next(iter(targets))})")
             t = h.get_tensor(name)
+            _check_finite(f, name, t)
             part = "lora_A" if "lora_A" in suffix else "lora_B"
             n, k = targets[module].shape
             want = [rank, k] if part == "lora_A" else [n, rank]
@@ -91,3 +104,15 @@ def _read_adapter_file(f: Path, targets: dict, rank: int) -> dict:
                                    f"and {module} {list(targets[module].shape)} need {want}")
             tensors[f"base_model.model.{module}.{part}.weight"] = t.contiguous()
     return tensors
+
+
+def _check_finite(f: Path, name: str, t) -> None:
+    """A LoRA tensor holding NaN or inf (a diverged run) is refused: the engine would serve NaN (PCC713)."""
+    import torch
+
+    from pcc.numerics import all_finite
+
+    if not all_finite(t):
+        bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+        raise ConvertError(f"{f}: {name} holds NaN or inf (first at {bad}): the run that trained it diverged; "
+                           "export the adapter of an earlier step", code="PCC713")

@@ -39,8 +39,8 @@ def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = No
             catalog = catalog_from_config(str(path), config)
         else:
             catalog = None  # the contract's own model
-    except CatalogError as err:
-        raise ConvertError(str(err)) from None
+    except CatalogError as err:  # its own code (PCC208-PCC211) kept; the default, "model not found", is PCC702 here
+        raise ConvertError(str(err), code=None if err.code == CatalogError.code else err.code) from None
     compiled = compile_file(str(path), catalog=catalog)
     if not compiled.ok:
         msgs = [d.render(compiled.sources) for d in compiled.diagnostics if d.is_error]

@@ -4,10 +4,15 @@ Nothing is destroyed that pcc did not make: an existing destination is replaced 
 and `--force` replaces only a directory that looks like the same verb's own output (a rollout
 checkpoint holds `pcc_convert.json`; an exported adapter holds nothing but `adapter_config.json` and
 `adapter_model.safetensors`). An empty directory is no one's work and is always replaced. PCC711.
+One writer at a time: `destination_lock`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import stat
 from pathlib import Path
 from typing import Callable
 
@@ -50,3 +55,32 @@ def check_work(work: Path, own: Callable[[Path], bool]) -> None:
         raise ConvertError(f"{work}: not a directory pcc made; remove it yourself", code="PCC711")
     if work.is_dir() and any(work.iterdir()) and not own(work):
         raise ConvertError(f"{work}: holds files pcc did not write; remove it yourself", code="PCC711")
+
+
+@contextlib.contextmanager
+def destination_lock(dst: Path):
+    """One writer per destination: an flock on `.DST.pcc-lock` beside `dst` (where its `.DST.partial` staging
+    goes; never inside a folder the checks may refuse), held from the destination checks to the rename. A
+    second conversion into `dst` is refused at once (PCC711) instead of interleaving shards. The lock ends with
+    its holder, killed or not (a lock file that outlived it would block `--resume` after a crash); the file
+    stays, since removing it would race the next writer. Opened without following a link (PCC709)."""
+    lock = dst.with_name(f".{dst.name}.pcc-lock")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise ConvertError(f"{lock}: cannot write: {err.strerror}", code="PCC709") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConvertError(f"{lock}: not a regular file; pcc keeps the lock of {dst} there: remove it", code="PCC711")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise ConvertError(f"{dst}: another pcc convert (pid {holder or '?'}) is writing it now and holds {lock}; "
+                               "wait for it to end or choose another destination", code="PCC711") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

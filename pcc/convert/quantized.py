@@ -61,10 +61,13 @@ class Encoded:
         return out
 
 
-def read(src, enc: Encoding) -> Encoded:
-    """The source tensors of `enc` (for mxfp4 only its expert's rows), via src's checked reads."""
+def read(src, enc: Encoding, codes: bool = True) -> Encoded:
+    """The source tensors of `enc` (for mxfp4 only its expert's rows), via src's checked reads, scales checked
+    (`_check_scales`); without `codes`, all but its codes (a copied encoding's codes stream as stored)."""
     parts = {}
     for role, t in enc.parts:
+        if role == "weight" and not codes:
+            continue
         if enc.kind == "mxfp4":
             x = src.load_index(t, enc.expert)
             x = {"even": x[0::2], "odd": x[1::2]}.get(enc.rows, x)
@@ -73,8 +76,35 @@ def read(src, enc: Encoding) -> Encoded:
             x = {"even": x[:, 0::2], "odd": x[:, 1::2]}.get(enc.rows, x).T.contiguous()
         else:
             x = src.load(t)
+            _check_scales(src, enc, role, t, x)
         parts[role] = x
     return Encoded(enc, parts)
+
+
+def _check_scales(src, enc: Encoding, role: str, tensor: str, x, first_row: int = 0) -> None:
+    """A scale multiplies its block's codes: a NaN or inf one poisons the block, a negative one flips its sign, a
+    zero one erases it, and neither the dequantized value nor a bit-for-bit copy would show it. So every float
+    scale must be finite and positive, checked as read (`x`: `tensor`'s rows from `first_row`), refused (PCC702)
+    naming the file, the tensor and the first bad index. NVFP4's E4M3 block scales may be zero (an all-zero
+    block's, as the quantizers write it); MXFP4's E8M0 ones are powers of two (byte 255, NaN, is refused where
+    decoded)."""
+    import torch
+
+    if role not in ("scale", "scale_2") or enc.kind == "mxfp4":
+        return
+    v = x.float()
+    zero = enc.kind == "nvfp4" and role == "scale"
+    bad = torch.isinf(v) | ~(v >= 0 if zero else v > 0)
+    if not bool(bad.any()):
+        return
+    at = bad.nonzero()[0].tolist()
+    value = v[tuple(at)].item()
+    if at:
+        at[0] += first_row
+    shown = "NaN" if math.isnan(value) else f"{value:g}"
+    effect = "poisons" if not math.isfinite(value) else "erases" if value == 0 else "flips the sign of"
+    raise ConvertError(f"{src.root / src.where[tensor]}: {tensor} holds {shown} at {at}, a scale that {effect} its "
+                       f"block of {enc.name}; scales must be finite and positive{' (or zero)' if zero else ''}")
 
 
 def row_unit(enc: Encoding) -> int:
@@ -104,6 +134,7 @@ def read_rows(src, enc: Encoding, r0: int, r1: int) -> Encoded:
         shape = src.entries[t]["shape"]
         if role not in _ROW_PARTS[enc.kind]:
             parts[role] = src.load(t)
+            _check_scales(src, enc, role, t, parts[role])
             continue
         if enc.kind == "mxfp4":  # [E, rows, ...]: this expert's rows, gate at 2r and up at 2r + 1 for gate_up
             width, step = math.prod(shape[2:]), 1 if enc.rows == "all" else 2
@@ -114,6 +145,7 @@ def read_rows(src, enc: Encoding, r0: int, r1: int) -> Encoded:
         per = unit if role == "zero_point" or (role == "scale" and enc.kind == "fp8_block") else 1
         a, b, width = r0 // per, -(-r1 // per), math.prod(shape[1:])
         parts[role] = src.load_piece(t, a * width, (b - a) * width).reshape(b - a, *shape[1:])
+        _check_scales(src, enc, role, t, parts[role], a)
     return Encoded(replace(enc, shape=(r1 - r0, k)), parts)
 
 

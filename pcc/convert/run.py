@@ -11,6 +11,7 @@ and renamed into place only when complete and checked.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -25,8 +26,23 @@ from pathlib import Path
 from pcc.convert import ConvertError
 from pcc.convert.calibration import resolve as resolve_input_scales
 from pcc.convert.contract import load_plan
-from pcc.convert.destination import CHECKPOINT_MARK, check_destination, check_work, is_checkpoint
-from pcc.convert.shards import RECORDS, SHARD_HASH, ST_BYTES, ST_DTYPES, complete, plan_shards, ShardWriter
+from pcc.convert.destination import (
+    CHECKPOINT_MARK,
+    check_destination,
+    check_work,
+    destination_lock,
+    is_checkpoint,
+)
+from pcc.convert.shards import (
+    RECORDS,
+    SHARD_HASH,
+    ST_BYTES,
+    ST_DTYPES,
+    ShardWriter,
+    complete,
+    plan_shards,
+    writing,
+)
 from pcc.convert.source import INDEX, Source, open_source
 from pcc.lang.inputs import InputError, read_json
 from pcc.lower.converter import converter_plan
@@ -62,6 +78,20 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     root = Path(src.root).resolve()
     if dst == root or root in dst.parents or dst in root.parents:
         raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
+    with destination_lock(dst):
+        work = _staging(dst, resume, force)
+        with _stopping(dst, work):
+            made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
+                                  calibration_tokens)
+            with writing(work):
+                _install(work, dst)
+    secs = time.perf_counter() - t0
+    return {"ok": True, "destination": str(dst), "layout": doc["layout"], **made, "seconds": round(secs, 3),
+            "input_gb_per_s": round(made["input_bytes"] / secs / 1e9, 3) if secs else None} | scales.summary()
+
+
+def _staging(dst: Path, resume: bool, force: bool) -> Path:
+    """The hidden `.DST.partial` directory the checkpoint is built in, once `dst` may be written (PCC711)."""
     check_destination(dst, force, is_checkpoint, "a pcc rollout checkpoint (it has no pcc_convert.json)")
     work = partial_dir(dst)
     check_work(work, lambda w: (w / RECORDS).is_dir())
@@ -70,13 +100,20 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             raise ConvertError(f"{work}: an interrupted conversion is there; --resume continues it, "
                                "--force starts over", code="PCC711")
         shutil.rmtree(work)
+    return work
+
+
+def _build(plan, doc: dict, src: Source, work: Path, extras: list[Path], resume: bool, max_shard_bytes: int,
+           progress: bool, calibrate: bool | None, calibration_tokens: str | None) -> tuple[dict, object]:
+    """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
+    counts, and the input scales."""
     try:
         scales = resolve_input_scales(plan, src, calibrate, calibration_tokens)
     except BaseException:
         src.close()
         raise
-    (work / RECORDS).mkdir(parents=True, exist_ok=True)
-
+    with writing(work):
+        (work / RECORDS).mkdir(parents=True, exist_ok=True)
     items, order = _items(plan, doc, src, scales.values)
     shards = plan_shards(order, max_shard_bytes)
     job = _job_id(doc, src, max_shard_bytes, scales.identity())
@@ -90,17 +127,17 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
     try:
         _pipeline(plan, src, todo, writer, in_bytes, progress, scales.values)
+    except BaseException:
+        writer.abort()
+        raise
     finally:
         src.close()
     writer.finish()
     hashes = {s.file: writer.digests.get(s.file) or _recorded(work, s) for s in shards}
-    _finish(plan, doc, src, work, shards, hashes, job, scales, extras)
-    _install(work, dst)
-    secs = time.perf_counter() - t0
-    return {"ok": True, "destination": str(dst), "layout": doc["layout"], "tensors": len(order),
-            "shards": len(shards), "resumed_shards": len(done), "input_bytes": in_bytes,
-            "output_bytes": sum(s.size for s in shards), "seconds": round(secs, 3),
-            "input_gb_per_s": round(in_bytes / secs / 1e9, 3) if secs else None} | scales.summary()
+    with writing(work):
+        _finish(plan, doc, src, work, shards, hashes, job, scales, extras)
+    return {"tensors": len(order), "shards": len(shards), "resumed_shards": len(done), "input_bytes": in_bytes,
+            "output_bytes": sum(s.size for s in shards)}, scales
 
 
 def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
@@ -201,7 +238,13 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
               input_scales: dict) -> None:
     import torch
 
-    from pcc.convert.quantized import Encoded, check_codes, copied_tensors, read_rows
+    from pcc.convert.quantized import (
+        Encoded,
+        check_codes,
+        copied_tensors,
+        read,
+        read_rows,
+    )
     from pcc.plan.encode import place_fused
 
     loaded: queue.Queue = queue.Queue(maxsize=2)
@@ -250,7 +293,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
                             return
                         buf = src.map(codes, (first, n))
                         put(loaded, (it, ("codes", buf, first + n >= count), buf))
-                    rest = Encoded(enc, {role: src.load(t) for role, t in enc.parts if role != "weight"})
+                    rest = read(src, enc, codes=False)
                     put(loaded, (it, ("rest", rest, True), None))
                     continue
                 if it["rows"] and enc is not None:  # a quantized source's rows: about PIECE_BYTES as float32
@@ -404,7 +447,9 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
             bar.close()
     if errors:
         err = errors[0]
-        raise err if isinstance(err, ConvertError) else ConvertError(str(err)) from err
+        if isinstance(err, ConvertError) or not isinstance(err, Exception):  # Ctrl-C stays itself
+            raise err
+        raise ConvertError(str(err)) from err
 
 
 class _Slots:
@@ -653,6 +698,35 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _stopping(dst: Path, work: Path):
+    """A conversion that stops (an error, Ctrl-C) cleans up (`_abandon`) and says what it left: its error's message
+    ends with it, and Ctrl-C stays a KeyboardInterrupt whose text is that (the CLI exits 130 with it)."""
+    try:
+        yield
+    except BaseException as err:
+        left = _abandon(dst, work)
+        if isinstance(err, KeyboardInterrupt):
+            raise KeyboardInterrupt(f"the conversion into {dst} was interrupted: {left}") from err
+        if isinstance(err, ConvertError):
+            err.message = f"{err.message}; {left}"
+            err.args = (err.message,)
+        raise
+
+
+def _abandon(dst: Path, work: Path) -> str:
+    """The shard being written goes, and the staging directory with it unless it holds finished shards, which
+    `--resume` continues from; what is left, in words."""
+    for tmp in work.glob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+    done = len(list((work / RECORDS).glob("*.done.json")))
+    if done:
+        return (f"nothing was written to {dst}; the {done} finished shard(s) in {work} are kept: rerun with --resume "
+                "to continue, --force to start over")
+    shutil.rmtree(work, ignore_errors=True)
+    return f"nothing was written to {dst}"
 
 
 def _install(work: Path, dst: Path) -> None:

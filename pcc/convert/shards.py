@@ -12,6 +12,7 @@ writer's critical path. A record written with SHA-256 (before) still verifies wi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -131,9 +132,22 @@ def _open_direct(path: Path) -> int | None:
 
 
 def _write_all(fd: int, buf, length: int) -> None:
-    view, done = memoryview(buf)[:length], 0
-    while done < length:
-        done += os.write(fd, view[done:])
+    """The views are released when a write fails too: one left in the error's traceback would keep the staging
+    buffer from closing, and its BufferError would stand in for the disk's error."""
+    done = 0
+    with memoryview(buf) as whole:
+        while done < length:
+            with whole[done:length] as view:
+                done += os.write(fd, view)
+
+
+@contextlib.contextmanager
+def writing(path: Path):
+    """A write the disk refuses (full, read-only, gone) is one line naming the file and the system's reason (PCC709)."""
+    try:
+        yield
+    except OSError as err:
+        raise ConvertError(f"{err.filename or path}: cannot write: {err.strerror or err}", code="PCC709") from err
 
 
 class _Sink:
@@ -198,10 +212,19 @@ class _Direct(_Sink):
             os.ftruncate(self._fd, self.written)
             os.fsync(self._fd)
         finally:
-            os.close(self._fd)
-            del self._arrays  # (a buffer exported to an array keeps its mmap from closing)
-            for b in self._bufs:
-                b.close()
+            self._release()
+
+    def discard(self) -> None:
+        """Closed unfinished after a failure, which this does not raise again."""
+        with contextlib.suppress(OSError):
+            self._wait()
+        self._release()
+
+    def _release(self) -> None:
+        os.close(self._fd)
+        del self._arrays  # (a buffer exported to an array keeps its mmap from closing)
+        for b in self._bufs:
+            b.close()
 
 
 class _Buffered(_Sink):
@@ -233,6 +256,13 @@ class _Buffered(_Sink):
         finally:
             self._f.close()
 
+    def discard(self) -> None:
+        """Closed unfinished after a failure, which this does not raise again."""
+        with contextlib.suppress(OSError):
+            self._wait()
+        with contextlib.suppress(OSError):
+            self._f.close()
+
 
 class ShardWriter:
     """Receives (name, bytes) in plan order and writes each shard as it fills (`_Direct`, else
@@ -252,18 +282,19 @@ class ShardWriter:
     def write(self, name: str, data, last: bool = True) -> None:
         """Append `data` of tensor `name`; a tensor may come in several pieces, `last` on its final one."""
         shard = self.owner[name]
-        if self._f is None or shard is not self.shards[self._k]:
-            self._open(shard)
-        expect = shard.names[self._pos]
-        if name != expect:
-            raise ConvertError(f"internal order error: got {name}, {shard.file} expects {expect}")
-        self._f.write(data)
-        self._h.update(data)
-        if not last:
-            return
-        self._pos += 1
-        if self._pos == len(shard.names):
-            self._close()
+        with writing(self.root / (shard.file + ".tmp")):
+            if self._f is None or shard is not self.shards[self._k]:
+                self._open(shard)
+            expect = shard.names[self._pos]
+            if name != expect:
+                raise ConvertError(f"internal order error: got {name}, {shard.file} expects {expect}")
+            self._f.write(data)
+            self._h.update(data)
+            if not last:
+                return
+            self._pos += 1
+            if self._pos == len(shard.names):
+                self._close()
 
     def _open(self, shard: Shard) -> None:
         if self._f is not None:
@@ -288,6 +319,14 @@ class ShardWriter:
         self.digests[shard.file] = digest
         # whole or absent: a kill while writing it leaves only a temporary file
         write_atomic(self.root / shard.record, json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}))
+
+    def abort(self) -> None:
+        """After a failure: the shard being written is closed unfinished (its .tmp is the caller's to remove) and
+        the disk thread stopped."""
+        f, self._f = self._f, None
+        if f is not None:
+            f.discard()
+        self._pool.shutdown()
 
     def finish(self) -> None:
         self._pool.shutdown()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pcc.convert import ConvertError
 from pcc.lang.inputs import InputError, read_json
-from pcc.models.base import CatalogError
+from pcc.models.base import READS, CatalogError
 from pcc.models.checkpoint import MAX_JSON, read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
@@ -264,7 +264,8 @@ def open_source(root: str | Path) -> Source:
     for file in files:
         path = inside(root, file, "shard")
         if not path.is_file():
-            raise ConvertError(f"{path}: listed in {INDEX} but missing")
+            what = "not a regular file" if path.exists() else "shard file missing"
+            raise ConvertError(f"{path}: {what} ({INDEX} names it)")
         header, src.data_start[file] = checked_header(path)
         for name, entry in header.items():
             if name in src.where:
@@ -316,8 +317,7 @@ def checked_header(path: Path) -> tuple[dict, int]:
             raise ConvertError(f"{path}: {name} has offsets {offsets} and shape {shape}: each must be a whole "
                                "number >= 0; the header is corrupt", code="PCC710")
         if dtype not in ITEM_BYTES:
-            raise ConvertError(f"{path}: {name} has dtype {dtype!r}, which the converter does not read "
-                               f"({', '.join(ITEM_BYTES)})", code="PCC710")
+            raise ConvertError(f"{path}: {name} has dtype {dtype!r}: {READS}", code="PCC710")
         begin, end = offsets
         if end - begin != math.prod(shape) * ITEM_BYTES[dtype]:
             raise ConvertError(f"{path}: {name} spans {end - begin} bytes, but {dtype} {shape} needs "

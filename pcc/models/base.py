@@ -44,6 +44,12 @@ SAFETENSORS_DTYPES = {
     "I8": "int8", "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool",
 }
 
+# What a weight may be stored as (pcc dtype names): wide, or quantized in an encoding pcc.models.quantized reads
+# (its logical dtype). Other tensors are copied as stored, in any of SAFETENSORS_DTYPES.
+WEIGHT_DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "nvfp4", "mxfp4", "int4")
+READS = ("pcc reads a weight in BF16, F16 or F32, or quantized (FP8 E4M3, NVFP4, MXFP4 or INT4 codes with their "
+         f"scales), and other tensors in {', '.join(SAFETENSORS_DTYPES)}")
+
 # config.json torch_dtype -> pcc dtype name.
 _TORCH_DTYPES = {
     "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",

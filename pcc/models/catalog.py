@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
-from pcc.models.base import FAMILIES, CatalogError, Operator, check_config, config_dtype, lm_config
+from pcc.models.base import (FAMILIES, READS, WEIGHT_DTYPES, CatalogError, Operator, check_config, config_dtype,
+                             lm_config)
 from pcc.models.classify import Slot, classify, order_key
 from pcc.models.shapes import formula_shape
 
@@ -111,6 +112,8 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
         elif check_shapes and expected is not None and shape != expected:
             raise CatalogError(_disagreement(tensor, where, shape, expected, dtype),
                                code="PCC208" if _packed(shape, expected, dtype) else "PCC204")
+        if dtype not in WEIGHT_DTYPES:
+            raise CatalogError(f"{tensor} in {where}: stored as {dtype}, not a weight dtype: {READS}", code="PCC210")
         if slot.family == "vision" and len(shape) != 2:
             slot = slot._replace(family="other")  # a patch-embedding convolution, a position table: no GEMM
         placed.append((order_key(slot, tensor), Operator(tensor, slot.family, slot.layer,
@@ -118,9 +121,26 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     placed.extend(_kv_caches(placed, config))
     placed.sort(key=lambda item: item[0])
     operators = tuple(op for _, op in placed)
+    _check_layers(config, operators, source or name)
     extras = tuple(sorted([*extra_tensors, *unshaped], key=_natural))
     return Catalog(name=name, architecture=_architecture(operators), config=config,
                    operators=operators, extra_tensors=extras, source=source)
+
+
+def _check_layers(config: dict, operators: tuple[Operator, ...], where: str) -> None:
+    """The tensors hold every decoder layer config.json counts (layers past the count are MTP layers, as
+    DeepSeek-V3's 61). A config that counts more (10**7 beside an index of 4 layers) describes another model,
+    and everything sized by the count (the engines' launch flags, the runtime's model) would follow it (PCC209).
+    A checkpoint whose tensor names pcc sees no layers in is not checked."""
+    want = lm_config(config)["num_hidden_layers"]
+    if not isinstance(want, int):  # null: no count to hold them to
+        return
+    have = {op.layer for op in operators if op.layer is not None and op.layer < want}
+    if have and len(have) < want:
+        gap = next(k for k in range(want) if k not in have)
+        raise CatalogError(f"{where}: config.json says num_hidden_layers is {want}, but the checkpoint's tensors hold "
+                           f"{len(have)} decoder layer(s), none of layer {gap}: config.json and the weights describe "
+                           "different models", code="PCC209")
 
 
 # Stored dtype -> (what packs into one element, how many codes per element) for packed quantized weights.

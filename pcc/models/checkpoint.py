@@ -19,7 +19,7 @@ import math
 from pathlib import Path, PurePosixPath
 
 from pcc.lang.inputs import InputError, read_json
-from pcc.models.base import SAFETENSORS_DTYPES, CatalogError, check_config, config_dtype, inside, lm_config
+from pcc.models.base import READS, SAFETENSORS_DTYPES, CatalogError, check_config, config_dtype, inside, lm_config
 from pcc.models.builtin import catalog_from_config
 from pcc.models.catalog import Catalog, Record, assemble
 from pcc.models.quantized import ST_ITEM, logical_records, read_small_int, recognize, recognize_names
@@ -54,8 +54,8 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
         weights, extras = _index_only(config, weight_map)
     elif len(present) < len(files):
         missing = sorted(set(files) - set(present))
-        raise CatalogError(
-            f"{root}: {_INDEX} lists shard files that are missing: {', '.join(missing)}")
+        more = f"; {len(missing) - 1} more of its shard files are missing too" if len(missing) > 1 else ""
+        raise CatalogError(f"{root / missing[0]}: shard file missing ({_INDEX} names it{more})", code="PCC210")
     else:
         weights, extras = _read_shards(root, config, files, weight_map)
     known = lm_config(config).get("model_type") in KNOWN_MODEL_TYPES
@@ -119,8 +119,7 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
                 and all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in entry["shape"])):
             raise CatalogError(f"{path}: unreadable safetensors header entry for {tensor}", code="PCC210")
         if entry["dtype"] not in SAFETENSORS_DTYPES:
-            raise CatalogError(f"{path}: {tensor} has dtype {entry['dtype']!r}, which pcc does not know "
-                               f"(it reads {', '.join(SAFETENSORS_DTYPES)})", code="PCC210")
+            raise CatalogError(f"{path}: {tensor} has dtype {entry['dtype']!r}: {READS}", code="PCC210")
     _check_offsets(path, header, size - 8 - length)
     return header, 8 + length
 
