@@ -308,7 +308,7 @@ def _default_schema_dir() -> str:
 # Commands that live beside their stage: each module has `register(subparsers)`, and
 # imports nothing heavy (torch, engines) at module level, so `pcc check` stays fast.
 COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli",
-                                   "pcc.importer.cli")
+                                   "pcc.importer.cli", "pcc.lsp.cli")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -526,8 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                 except PccError as exc:  # pcc's own errors carry their code (docs/checks.md)
                     rep.error(exc.message, code=exc.code or None)
                     code = EXIT_ERRORS
-    except KeyboardInterrupt:
-        rep.error("interrupted")
+    except KeyboardInterrupt as exc:  # a verb may say what was interrupted and what it left (pcc convert)
+        rep.error(str(exc) or "interrupted")
         code = EXIT_INTERRUPTED
     except BrokenPipeError:
         return _reader_left()

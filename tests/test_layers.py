@@ -33,6 +33,7 @@ STAGES = [
     "validate",   # the ladder, on the runtime and converted checkpoints
     "diff",       # semantic contract diff
     "importer",   # pcc import: contracts from checkpoint configs and Miles launches
+    "lsp",        # pcc lsp: the language server (editors), over plan and lower
     "cli",        # the `pcc` command
 ]
 RANK = {name: i for i, name in enumerate(STAGES)}

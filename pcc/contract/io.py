@@ -101,7 +101,7 @@ class Loaded:
 
 
 def _read_doc(path: str, rep: Reporter, sources: dict[str, str]) -> tuple[dict[str, Any], SourceMap]:
-    text = read_source(path)
+    text = sources[path] if path in sources else read_source(path)  # an editor's unsaved text is given
     sources[path] = text
     if path.endswith(".prec"):
         return build(text, path, rep)
@@ -314,10 +314,11 @@ def _validation_diagnostics(exc: ValidationError, path: str, smap: SourceMap) ->
     return out
 
 
-def load(path: str) -> Loaded:
-    """Load and validate one contract file; raise DiagnosticError on any error."""
+def load(path: str, text: str | None = None) -> Loaded:
+    """Load and validate one contract file (`text`: its contents as an editor holds them, unsaved);
+    raise DiagnosticError on any error."""
     rep = Reporter()
-    sources: dict[str, str] = {}
+    sources: dict[str, str] = {} if text is None else {path: text}
     if not path.endswith(SUFFIXES):
         raise DiagnosticError([Diagnostic("PCC104", "error", f"unknown contract suffix (use {', '.join(SUFFIXES)})",
                                           file=path)])

@@ -46,11 +46,6 @@ def cmd_convert(args, rep) -> int:
                               calibration_tokens=args.calibration_tokens)
     except (ConvertError, ValueError, OSError) as err:
         return rep.fail(str(err), code=getattr(err, "code", None) or None)
-    except KeyboardInterrupt as err:  # its text says what was interrupted and what it left (pcc.convert.run)
-        from pcc.cli import EXIT_INTERRUPTED
-
-        rep.error(str(err) or "interrupted")
-        return EXIT_INTERRUPTED
     _warn_input_scales(summary)
     rep.result = summary
     if "layout" in summary:

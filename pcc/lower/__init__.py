@@ -239,10 +239,11 @@ def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -
     return out
 
 
-def compile_file(path: str, catalog=None) -> Compiled:
+def compile_file(path: str, catalog=None, text: str | None = None) -> Compiled:
     """Load, resolve, check and lower one contract for every target it names: what `pcc check`
-    and every verb that writes or runs a contract use. Never raises for bad input."""
-    c = _resolve_file(path, catalog)
+    and every verb that writes or runs a contract use (`text`: the file's unsaved contents, as the
+    language server has them). Never raises for bad input."""
+    c = _resolve_file(path, catalog, text)
     if c.ok:
         rep = Reporter()
         lower_all(c.plan, rep)

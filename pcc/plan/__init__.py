@@ -44,10 +44,10 @@ def load_model(loaded: Loaded, rep: Reporter) -> Catalog | None:
         return None
 
 
-def compile_file(path: str, catalog: Catalog | None = None) -> Compiled:
-    """Load, resolve and check one contract file. Never raises for bad input."""
+def compile_file(path: str, catalog: Catalog | None = None, text: str | None = None) -> Compiled:
+    """Load, resolve and check one contract file (`text`: its unsaved contents). Never raises for bad input."""
     try:
-        loaded = load(path)
+        loaded = load(path, text)
     except DiagnosticError as exc:
         return Compiled(None, None, exc.diagnostics, exc.sources)
     rep = Reporter(list(loaded.diagnostics))
