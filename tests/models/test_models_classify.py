@@ -216,3 +216,15 @@ def test_importer_fuses_the_gated_deltanet_layers_as_sglang():
 
     for module, shards in target_table("sglang")["gated_deltanet"]["merged"].items():
         assert FUSED[module] == tuple(shards)
+
+
+def test_attn_linear_is_a_family_of_the_pattern_language():
+    """`attn.linear` names the family; `linear`, `attn`, `attn.*` and `all` select it; `other` (the Gated DeltaNet
+    tensors kept wide) only by name."""
+    from pcc.plan.patterns import parse_pattern
+
+    assert parse_pattern("attn.linear").families == ("attn.linear",)
+    assert parse_pattern("attn.linear[0..2]").layers == ((0, 2),)
+    for alias in ("linear", "attn", "attn.*", "all", "*"):
+        assert "attn.linear" in parse_pattern(alias).families, alias
+        assert "other" not in parse_pattern(alias).families, alias
