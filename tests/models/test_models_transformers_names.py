@@ -8,7 +8,9 @@ contract checks and compiles on it. Sources: pcc/models/configs (meta-llama/Meta
 Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, Qwen/Qwen3.5-35B-A3B,
 MiniMaxAI/MiniMax-M2.5); GLM-4.5: zai-org/GLM-4.5 as vLLM's tests/config/base_model_arch_groundtruth.json records it
 (hidden 5120, 92 layers, 96 heads, 8 KV heads, head_dim 128, 160 experts, vocab 151552) with attention_bias, 1 shared
-expert, 3 dense layers and moe_intermediate_size 1536.
+expert, 3 dense layers and moe_intermediate_size 1536. Qwen2-MoE: Qwen/Qwen1.5-MoE-A2.7B as transformers'
+Qwen2MoeConfig defaults record it (its docstring checkpoint: 60 experts, top-4, moe_intermediate_size 1408, one gated
+shared expert of 5632), which pcc's config-only catalog must name (mlp.shared_expert.*, mlp.shared_expert_gate).
 
 Qwen3.5-MoE is built twice: as published (Qwen3_5MoeForConditionalGeneration, model_type qwen3_5_moe, the language
 model under text_config and `model.language_model.`, a vision tower under `model.visual.`) and in its text form
@@ -38,6 +40,10 @@ GLM45 = {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "hid
          "num_experts_per_tok": 8, "first_k_dense_replace": 3, "vocab_size": 151552, "attention_bias": True,
          "partial_rotary_factor": 0.5, "n_group": 1, "topk_group": 1, "num_nextn_predict_layers": 1,
          "torch_dtype": "bfloat16"}
+QWEN2_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 2048,
+             "intermediate_size": 5632, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+             "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 60,
+             "num_experts_per_tok": 4, "vocab_size": 151936, "torch_dtype": "bfloat16"}
 SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
          "head_dim": 32, "vocab_size": 256, "num_hidden_layers": 2, "pad_token_id": 0, "bos_token_id": 1,
          "eos_token_id": 2, "tie_word_embeddings": False}
@@ -61,6 +67,8 @@ MODELS = {
     "Kimi-K2": ("kimi_k2", "DeepseekV3Config", dict(MOE, **MLA), "experts : int4_g32"),
     "GLM-4.5": (GLM45, "Glm4MoeConfig", dict(MOE, n_routed_experts=4, first_k_dense_replace=1, num_hidden_layers=3),
                 "linear : fp8_block"),
+    "Qwen2-MoE": (QWEN2_MOE, "Qwen2MoeConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=64),
+                  "linear : fp8_block"),
     "Qwen3.5-MoE": ("qwen3_5_35b_a3b", "Qwen3_5MoeConfig", QWEN35, "linear : fp8_block", "AutoModelForImageTextToText"),
     "Qwen3.5-MoE-text": ("qwen3_5_35b_a3b:text", "Qwen3_5MoeTextConfig", QWEN35, "attn.linear : fp8_block"),
     "MiniMax-M2": ("minimax_m2", "MiniMaxM2Config", dict(MOE, num_local_experts=4, intermediate_size=64),
