@@ -95,3 +95,23 @@ def test_fused_experts_in_shards_are_refused_not_misread(tmp_path):
         catalog_from_checkpoint(d)
     assert err.value.code == "PCC208"
     assert "gpt-oss only" in str(err.value)
+
+
+@pytest.mark.parametrize("layer_types", [["linear_attention"], "linear_attention", ["full_attention", 3]])
+def test_layer_types_must_name_every_layer(tmp_path, layer_types):
+    config = _config()
+    config["text_config"]["layer_types"] = layer_types
+    with pytest.raises(CatalogError, match="layer_types") as err:
+        catalog_from_checkpoint(_write(tmp_path / "c", config, {}))
+    assert err.value.code == "PCC209"
+
+
+def test_without_layer_types_every_fourth_layer_is_full_attention():
+    """transformers' Qwen3_5MoeTextConfig: layer_types from full_attention_interval (default 4)."""
+    config = _config()
+    del config["text_config"]["layer_types"]
+    config["text_config"]["num_hidden_layers"] = 8
+    full = {op.layer for op in catalog_from_config("c", config).operators if op.family == "attn.q"}
+    assert full == {3, 7}
+    config["text_config"]["full_attention_interval"] = 2
+    assert {op.layer for op in catalog_from_config("c", config).operators if op.family == "attn.q"} == {1, 3, 5, 7}
