@@ -11,9 +11,11 @@ from pathlib import Path
 from pcc.lang.diagnostics import PccError
 
 # "mtp": the MTP (NextN) module's own projection, eh_proj (the rest of an MTP layer keeps its decoder
-# families); "vision": a multimodal model's vision tower and projector. docs/models.md.
+# families); "vision": a multimodal model's vision tower and projector; "attn.linear": the projections of a
+# linear-attention (Gated DeltaNet) layer that the engines quantize (Qwen3.5's in_proj_qkv, in_proj_z,
+# out_proj; targets/sglang.yaml `gated_deltanet`). docs/models.md.
 FAMILIES = (
-    "embed", "attn.q", "attn.kv", "attn.o", "attn.indexer", "mlp.gate_up", "mlp.down", "router",
+    "embed", "attn.q", "attn.kv", "attn.o", "attn.indexer", "attn.linear", "mlp.gate_up", "mlp.down", "router",
     "experts.gate_up", "experts.down", "shared_experts.gate_up", "shared_experts.down",
     "norm", "lm_head", "kv_cache", "mtp", "vision", "other",
 )
@@ -70,6 +72,8 @@ _SIZES = (
     "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts", "num_local_experts", "n_shared_experts",
     "num_experts_per_tok", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step",
     "shared_expert_intermediate_size", "index_n_heads", "index_head_dim", "num_nextn_predict_layers",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim", "full_attention_interval",
 )
 
 
@@ -95,6 +99,11 @@ def check_config(config: dict, where: str) -> None:
                                f"non-negative JSON integer", code="PCC209")
     if c["num_hidden_layers"] == 0:
         raise CatalogError(f"{where}: {field} is 0", code="PCC209")
+    types = c.get("layer_types")  # hybrid models (Qwen3.5: linear_attention / full_attention per layer)
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)
+                                  and len(types) == c["num_hidden_layers"]):
+        raise CatalogError(f"{where}: layer_types is {types!r}; it is a list of one layer type name per decoder "
+                           f"layer ({c['num_hidden_layers']})", code="PCC209")
     for owner in (c, config):
         for key in ("torch_dtype", "dtype"):
             value = owner.get(key)

@@ -13,13 +13,27 @@ from pcc.models.catalog import Catalog, assemble
 
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 
-# Model types whose attention normalizes q and k per head (Qwen3 family).
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+# Model types whose attention normalizes q and k (per head: Qwen3 family; over all heads: MiniMax-M2).
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m2"})
+# Multimodal wrappers whose checkpoint holds the language model under another prefix than `model.` (the
+# wrapper's model_type, with the config's `text_config`): Qwen3.5/3.6 MoE (Qwen3_5MoeForConditionalGeneration)
+# writes `model.language_model.layers.N...`, `model.language_model.embed_tokens`, `model.language_model.norm`
+# and `lm_head` at the top. Its vision tower (`model.visual.*`) and MTP layer (`mtp.*`) are not derived.
+_LM_PREFIXES = {"qwen3_5_moe": "model.language_model."}
+# Hybrid models whose `layer_types` (or, without it, every `full_attention_interval`-th layer full attention)
+# says which layers are Gated DeltaNet linear attention (transformers' Qwen3_5MoeTextConfig.__post_init__).
+_HYBRID_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text"})
+_LINEAR_ATTENTION = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
+                     "linear_attn.in_proj_a", "linear_attn.conv1d", "linear_attn.norm", "linear_attn.out_proj")
+_LINEAR_EXTRAS = ("linear_attn.A_log", "linear_attn.dt_bias")
 # Non-weight tensors transformers' models of these types save (their modeling_*.py): q/k/v biases (Qwen2 always;
 # others with attention_bias, o_proj's too for Llama/Mistral), the router's correction bias (GLM-4 MoE always).
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})
 _O_BIAS_TYPES = frozenset({"llama", "mistral"})
 _CORRECTION_BIAS_TYPES = frozenset({"glm4_moe"})
+# The router correction bias's name where it is not the router's own (`mlp.gate.e_score_correction_bias`):
+# MiniMax-M2 keeps it on the MoE block, always (transformers' MiniMaxM2SparseMoeBlock buffer).
+_BLOCK_CORRECTION_BIAS = {"minimax_m2": "block_sparse_moe.e_score_correction_bias"}
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -58,6 +72,7 @@ def catalog_from_config(name: str, config: dict) -> Catalog:
 # layer, and per-layer non-weight tensors; every other type is the DeepSeek/Qwen spelling.
 _MOE_NAMES = {
     "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2")),
+    "minimax_m2": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2")),
     # gpt-oss stores its experts fused (`mlp.experts.gate_up_proj_blocks`...); a catalog lists the logical
     # per-expert weights pcc.models.quantized reads them as.
     "gpt_oss": ("mlp.router", "mlp.experts", _EXPERT_PROJECTIONS),
@@ -73,32 +88,53 @@ def tensor_names(config: dict) -> tuple[list[str], list[str]]:
     """(``*.weight`` names, other tensor names) of a HF checkpoint of ``config``,
     without MTP/nextn layers."""
     c = lm_config(config)
+    model_type = c.get("model_type")
+    lm = _LM_PREFIXES.get(config.get("model_type"), "model.") if c is not config else "model."
     attention, attention_extras = _attention_modules(c)
-    router, experts, projections = _MOE_NAMES.get(c.get("model_type"), _DEFAULT_MOE)
-    weights = ["model.embed_tokens.weight"]
+    router, experts, projections = _MOE_NAMES.get(model_type, _DEFAULT_MOE)
+    weights = [f"{lm}embed_tokens.weight"]
     extras: list[str] = []
     for layer in range(c["num_hidden_layers"]):
-        prefix = f"model.layers.{layer}."
-        modules = ["input_layernorm", "post_attention_layernorm", *attention]
-        # (gpt-oss: attention_bias and its own list both name the q/k/v biases; each is listed once)
-        layer_extras = list(dict.fromkeys([*attention_extras, *_LAYER_EXTRAS.get(c.get("model_type"), ())]))
+        prefix = f"{lm}layers.{layer}."
+        if _linear_attention(c, layer):
+            modules, layer_extras = ["input_layernorm", "post_attention_layernorm", *_LINEAR_ATTENTION], [*_LINEAR_EXTRAS]
+        else:
+            modules = ["input_layernorm", "post_attention_layernorm", *attention]
+            # (gpt-oss: attention_bias and its own list both name the q/k/v biases; each is listed once)
+            layer_extras = list(dict.fromkeys([*attention_extras, *_LAYER_EXTRAS.get(model_type, ())]))
         if _is_moe_layer(c, layer):
             modules.append(router)
-            if c.get("topk_method") == "noaux_tc" or c.get("model_type") in _CORRECTION_BIAS_TYPES:
+            if model_type in _BLOCK_CORRECTION_BIAS:
+                layer_extras.append(_BLOCK_CORRECTION_BIAS[model_type])
+            elif c.get("topk_method") == "noaux_tc" or model_type in _CORRECTION_BIAS_TYPES:
                 layer_extras.append("mlp.gate.e_score_correction_bias")
             for expert in range(_num_experts(c)):
                 modules += [f"{experts}.{expert}.{proj}" for proj in projections]
             if c.get("n_shared_experts"):
                 modules += ["mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
                             "mlp.shared_experts.down_proj"]
+            elif c.get("shared_expert_intermediate_size"):  # Qwen2-MoE / Qwen3.5: one gated shared expert
+                modules += ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+                            "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"]
         else:
             modules += ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
         weights += [f"{prefix}{module}.weight" for module in modules]
         extras += [prefix + extra for extra in layer_extras]
-    weights.append("model.norm.weight")
+    weights.append(f"{lm}norm.weight")
     if not c.get("tie_word_embeddings", False):
         weights.append("lm_head.weight")
     return weights, extras
+
+
+def _linear_attention(c: dict, layer: int) -> bool:
+    """Is this decoder layer a Gated DeltaNet (linear-attention) layer? `layer_types` where the config has it,
+    else, for the hybrid model types, every layer but each `full_attention_interval`-th (default 4)."""
+    types = c.get("layer_types")
+    if isinstance(types, list) and layer < len(types):
+        return types[layer] == "linear_attention"
+    if c.get("model_type") in _HYBRID_TYPES:
+        return bool((layer + 1) % (c.get("full_attention_interval") or 4))
+    return False
 
 
 def _attention_modules(c: dict) -> tuple[list[str], list[str]]:

@@ -50,6 +50,14 @@ _LAYER_MODULES = {
     # are Linear layers SGLang quantizes with the checkpoint's method; weights_proj is not (other).
     "self_attn.indexer.wq_b": "attn.indexer",
     "self_attn.indexer.wk": "attn.indexer",
+    # A linear-attention (Gated DeltaNet) layer (Qwen3.5/3.6 `qwen3_5_moe`): the projections SGLang and vLLM
+    # build with the checkpoint's quant config and load quantized (targets/sglang.yaml, vllm.yaml
+    # `gated_deltanet`). Its in_proj_b, in_proj_a (one merged [num_v_heads] x 2 layer, which block FP8
+    # refuses) and conv1d (no quant config) stay wide: other. Qwen3-Next stores qkv and z fused as in_proj_qkvz.
+    "linear_attn.in_proj_qkv": "attn.linear",
+    "linear_attn.in_proj_z": "attn.linear",
+    "linear_attn.in_proj_qkvz": "attn.linear",
+    "linear_attn.out_proj": "attn.linear",
     "mlp.gate": "router",
     "mlp.router": "router",  # gpt-oss
     "block_sparse_moe.gate": "router",
@@ -73,6 +81,7 @@ _EXPERT_MODULES = {
 
 _GROUP = {  # sort position of a family inside a layer
     "embed": 0, "mtp": 0, "lm_head": 0, "norm": 0, "attn.q": 1, "attn.kv": 1, "attn.o": 1, "attn.indexer": 1,
+    "attn.linear": 1,
     "kv_cache": 2,
     "router": 3, "experts.gate_up": 4, "experts.down": 4, "shared_experts.gate_up": 5,
     "shared_experts.down": 5, "mlp.gate_up": 6, "mlp.down": 6, "other": 7,

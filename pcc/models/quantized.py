@@ -146,7 +146,7 @@ def _recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -
         elif name.endswith("_proj_blocks") and ".experts." in name:
             _see_mxfp4(view, name, e, entries, method, where)
         elif _FUSED_WIDE.fullmatch(name) and dt in _WIDE_DTYPES:
-            _see_fused_wide(view, name, e, entries)
+            _see_fused_wide(view, name, e, entries, config)
         elif method == "fp8" and name.endswith(".weight") and dt not in _FLOAT_SCALE and len(shape) == 2:
             raise QuantizedError(f"{root}: {name} is {dt}; a quant_method fp8 source stores weights as F8_E4M3")
     return view
@@ -326,11 +326,22 @@ def _see_mxfp4(view: View, blocks: str, e: dict, entries: dict, method, where) -
     view.consumed.update((blocks, scales))
 
 
-def _see_fused_wide(view: View, name: str, e: dict, entries: dict) -> None:
+def _see_fused_wide(view: View, name: str, e: dict, entries: dict, config: dict) -> None:
     """gpt-oss as transformers saves it: `L.mlp.experts.gate_up_proj` [E, H, 2I] (gate columns even, up odd)
     and `L.mlp.experts.down_proj` [E, I, H], stored input-major (x @ W): expert j's logical weights are the
-    per-expert `L.mlp.experts.j.{gate,up,down}_proj.weight` [N, K] of the MXFP4 layout, the transposes."""
+    per-expert `L.mlp.experts.j.{gate,up,down}_proj.weight` [N, K] of the MXFP4 layout, the transposes.
+    Other models store fused experts output-major, [E, 2I, H] with gate rows first (transformers 5's own MoE
+    layout; Qwen3.5/3.6 MoE publishes its experts so): pcc reads those by name only (the index, shapes from
+    config.json), not from shards, which its converter would decode as gpt-oss's (PCC208)."""
     base, fused = _FUSED_WIDE.fullmatch(name).groups()
+    model_type = (config.get("text_config") if isinstance(config.get("text_config"), dict) else config).get(
+        "model_type")
+    _check(model_type == "gpt_oss",
+           f"{name}: {e['dtype']} {e['shape']}, routed experts stored fused ({model_type} stores them output-major, "
+           "[E, 2 x inter, hidden], gate rows first); pcc reads fused wide experts from shards for gpt-oss only "
+           "([E, hidden, 2 x inter], gate and up interleaved). Without the shard files (config.json and "
+           "model.safetensors.index.json) pcc reads the checkpoint by name, or store the experts one per module "
+           "(`experts.J.gate_proj.weight`), as transformers' save_pretrained writes them")
     shape = e["shape"]
     _check(len(shape) == 3, f"{name}: {e['dtype']} {shape}; fused experts are [E, K, N]")
     ne, k, rows = shape

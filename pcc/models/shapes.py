@@ -14,10 +14,25 @@ from pcc.models.base import lm_config
 # of other types keep the shapes their safetensors headers declare. "deepseek" is DeepSeek-MoE v1
 # (deepseek-ai/deepseek-moe-16b-base, DeepseekForCausalLM, trust_remote_code): q/k/v/o attention, no MLA,
 # DeepSeek's MoE names and layer rule (first_k_dense_replace, moe_layer_freq), shared experts fused.
+# "qwen3_5_moe_text" is Qwen3.5/3.6 MoE's language model (`text_config` of a `qwen3_5_moe` config, or a text-only
+# Qwen3_5MoeForCausalLM): Gated DeltaNet linear-attention layers (`linear_attn.*`) and gated full attention
+# (q_proj twice as wide: query and output gate) by `layer_types`. "minimax_m2": MiniMax-M2/M2.5, Mixtral's
+# names, per-layer q/k norms over all heads. Formulas from transformers' modeling_qwen3_5_moe.py and
+# modeling_minimax_m2.py.
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe",
     "deepseek", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "gpt_oss",
+    "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m2",
 })
+# Model types whose full-attention q_proj also produces a per-head output gate (q_proj rows 2 x heads x head_dim,
+# transformers' Qwen3_5MoeAttention; SGLang and vLLM read `attn_output_gate`, default true).
+GATED_Q_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"})
+# Model types whose q_norm / k_norm normalize all heads at once (MiniMax-M2's qk_norm_type "per_layer"):
+# weights [heads x head_dim] and [kv_heads x head_dim], not [head_dim].
+_LAYER_QK_NORM_TYPES = frozenset({"minimax_m2"})
+# Gated DeltaNet sizes a config may leave out, at transformers' defaults (Qwen3_5MoeTextConfig, Qwen3NextConfig).
+LINEAR_DEFAULTS = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                   "linear_num_key_heads": 16, "linear_num_value_heads": 32}
 
 
 def _heads(c: dict) -> int:
@@ -40,6 +55,36 @@ def _q_width(c: dict) -> int:
     if _mla(c):  # MLA: every head carries a no-RoPE and a RoPE part
         return _heads(c) * (c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
     return _heads(c) * _head_dim(c)
+
+
+def _q_proj_rows(c: dict) -> int:
+    """q_proj's rows: the query, and for a gated-attention model the output gate beside it."""
+    gated = c.get("attn_output_gate", c.get("model_type") in GATED_Q_TYPES)
+    return _q_width(c) * (2 if gated and not _mla(c) else 1)
+
+
+def _qk_norm(width: Callable[[dict], int]) -> Callable[[dict], tuple[int]]:
+    """q_norm / k_norm: per head ([head_dim]), or over all heads (`width`) for MiniMax-M2's per-layer norm."""
+    def shape(c: dict) -> tuple[int]:
+        whole = c.get("qk_norm_type") == "per_layer" or c.get("model_type") in _LAYER_QK_NORM_TYPES
+        return (width(c) if whole else _head_dim(c),)
+    return shape
+
+
+def _linear(c: dict, key: str) -> int:
+    return c.get(key) or LINEAR_DEFAULTS[key]
+
+
+def _linear_key_dim(c: dict) -> int:  # Gated DeltaNet: the keys' (and queries') width
+    return _linear(c, "linear_num_key_heads") * _linear(c, "linear_key_head_dim")
+
+
+def _linear_value_dim(c: dict) -> int:
+    return _linear(c, "linear_num_value_heads") * _linear(c, "linear_value_head_dim")
+
+
+def _linear_conv_dim(c: dict) -> int:  # q, k and v go through the causal convolution
+    return 2 * _linear_key_dim(c) + _linear_value_dim(c)
 
 
 def _o_width(c: dict) -> int:
@@ -86,9 +131,9 @@ _RULES: dict[str, Callable[[dict], tuple[int, ...]]] = {
     "norm": _hidden,
     "input_layernorm": _hidden,
     "post_attention_layernorm": _hidden,
-    "self_attn.q_norm": lambda c: (_head_dim(c),),
-    "self_attn.k_norm": lambda c: (_head_dim(c),),
-    "self_attn.q_proj": _col(_q_width),
+    "self_attn.q_norm": _qk_norm(_q_width),
+    "self_attn.k_norm": _qk_norm(_kv_width),
+    "self_attn.q_proj": _col(_q_proj_rows),
     "self_attn.k_proj": _col(_kv_width),
     "self_attn.v_proj": _col(_kv_width),
     "self_attn.o_proj": _row(_o_width),
@@ -103,6 +148,17 @@ _RULES: dict[str, Callable[[dict], tuple[int, ...]]] = {
     "self_attn.indexer.wk": _col(lambda c: c["index_head_dim"]),
     "self_attn.indexer.k_norm": lambda c: (c["index_head_dim"],),
     "self_attn.indexer.weights_proj": _col(lambda c: c["index_n_heads"]),
+    # Gated DeltaNet (transformers' Qwen3_5MoeGatedDeltaNet): in_proj_qkv [q|k|v], in_proj_z the output gate,
+    # in_proj_b and in_proj_a one row per value head, a depthwise causal conv over q|k|v, a per-head gated norm.
+    "linear_attn.in_proj_qkv": _col(_linear_conv_dim),
+    "linear_attn.in_proj_z": _col(_linear_value_dim),
+    "linear_attn.in_proj_qkvz": _col(lambda c: _linear_conv_dim(c) + _linear_value_dim(c)),
+    "linear_attn.in_proj_b": _col(lambda c: _linear(c, "linear_num_value_heads")),
+    "linear_attn.in_proj_a": _col(lambda c: _linear(c, "linear_num_value_heads")),
+    "linear_attn.in_proj_ba": _col(lambda c: 2 * _linear(c, "linear_num_value_heads")),
+    "linear_attn.conv1d": lambda c: (_linear_conv_dim(c), 1, _linear(c, "linear_conv_kernel_dim")),
+    "linear_attn.norm": lambda c: (_linear(c, "linear_value_head_dim"),),
+    "linear_attn.out_proj": _row(_linear_value_dim),
     "mlp.gate_proj": _col(lambda c: c["intermediate_size"]),
     "mlp.up_proj": _col(lambda c: c["intermediate_size"]),
     "mlp.down_proj": _row(lambda c: c["intermediate_size"]),

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pcc.lang.diagnostics import PccError, did_you_mean
 from pcc.models import FAMILIES
 
-LINEAR = ("attn.q", "attn.kv", "attn.o", "attn.indexer", "mlp.gate_up", "mlp.down", "experts.gate_up",
+LINEAR = ("attn.q", "attn.kv", "attn.o", "attn.indexer", "attn.linear", "mlp.gate_up", "mlp.down", "experts.gate_up",
           "experts.down", "shared_experts.gate_up", "shared_experts.down")
 NON_GEMM = ("norm", "embed", "kv_cache", "other")
 NAMED_ONLY = NON_GEMM + ("mtp", "vision")  # families a glob or `all` never selects
@@ -28,7 +28,7 @@ NAMED_ONLY = NON_GEMM + ("mtp", "vision")  # families a glob or `all` never sele
 _MTP_FAMILIES = tuple(f for f in FAMILIES if f not in NON_GEMM and f != "vision")
 ALIASES: dict[str, tuple[str, ...]] = {
     "linear": LINEAR,
-    "attn": ("attn.q", "attn.kv", "attn.o", "attn.indexer"),
+    "attn": ("attn.q", "attn.kv", "attn.o", "attn.indexer", "attn.linear"),
     "mlp": ("mlp.gate_up", "mlp.down"),
     "experts": ("experts.gate_up", "experts.down"),
     "shared_experts": ("shared_experts.gate_up", "shared_experts.down"),

@@ -10,8 +10,9 @@ import pytest
 from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
-NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "qwen2_5_0_5b", "qwen2_5_3b", "qwen2_5_7b", "qwen3_30b_a3b",
-         "qwen3_32b", "qwen3_4b", "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
+NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "minimax_m2", "qwen2_5_0_5b", "qwen2_5_3b", "qwen2_5_7b",
+         "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b", "qwen3_8b", "tiny_dense", "tiny_moe",
+         "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -106,6 +107,55 @@ def test_glm5_counts():
     assert counts(catalog) == mla_counts(layers=78, dense=3, experts=256, indexer=True)
     # extras: 75 e_score_correction_bias + 78 indexer k_norm biases
     assert len(catalog.extra_tensors) == 75 + 78
+
+
+def test_qwen3_5_moe_counts():
+    """Qwen3.5-35B-A3B: 40 layers, every fourth (3, 7, ..., 39) full attention (q/k norms, q, k+v, o, kv_cache),
+    the other 30 Gated DeltaNet (in_proj_qkv, in_proj_z, out_proj: attn.linear; in_proj_b, in_proj_a, conv1d:
+    other; a gated norm); every layer MoE: router + shared_expert_gate, 256 experts, one shared expert. The
+    language model sits under model.language_model. (the published Qwen3_5MoeForConditionalGeneration)."""
+    catalog = load_catalog("qwen3_5_35b_a3b")
+    full, linear, experts = 10, 30, 256
+    assert counts(catalog) == {
+        "embed": 1, "attn.q": full, "attn.kv": 2 * full, "attn.o": full, "attn.linear": 3 * linear,
+        "router": 2 * 40, "experts.gate_up": 40 * experts * 2, "experts.down": 40 * experts,
+        "shared_experts.gate_up": 2 * 40, "shared_experts.down": 40, "other": 3 * linear,
+        "norm": 2 * 40 + 2 * full + linear + 1, "lm_head": 1, "kv_cache": full}
+    assert catalog.architecture == "moe" and catalog.num_experts == 256 and catalog.num_layers == 40
+    assert sorted({op.layer for op in catalog.operators if op.family == "attn.q"}) == list(range(3, 40, 4))
+    assert len(catalog.extra_tensors) == 2 * linear  # A_log and dt_bias
+    ops = {op.tensor: op for op in catalog.operators}
+    lm = "model.language_model."
+    assert ops[lm + "embed_tokens.weight"].shape == (248320, 2048) and "lm_head.weight" in ops
+    layer0, layer3 = lm + "layers.0.", lm + "layers.3."
+    assert ops[layer0 + "linear_attn.in_proj_qkv.weight"].shape == (2 * 16 * 128 + 32 * 128, 2048)
+    assert ops[layer0 + "linear_attn.in_proj_z.weight"].shape == (32 * 128, 2048)
+    assert ops[layer0 + "linear_attn.in_proj_b.weight"].shape == (32, 2048)
+    assert ops[layer0 + "linear_attn.conv1d.weight"].shape == (8192, 1, 4)
+    assert ops[layer0 + "linear_attn.out_proj.weight"].shape == (2048, 32 * 128)
+    assert ops[layer3 + "self_attn.q_proj.weight"].shape == (2 * 16 * 256, 2048)  # query and output gate
+    assert ops[layer3 + "self_attn.o_proj.weight"].shape == (2048, 16 * 256)
+    assert ops[layer3 + "self_attn.kv_cache"].shape == (2, 2 * 256)
+    assert ops[layer3 + "mlp.experts.255.down_proj.weight"].shape == (2048, 512)
+    assert ops[layer3 + "mlp.shared_expert_gate.weight"].shape == (1, 2048)
+
+
+def test_minimax_m2_counts():
+    """MiniMax-M2.5: 62 layers, all MoE with Mixtral's names (block_sparse_moe.gate, experts.J.w1/w3/w2), the
+    router's correction bias on the MoE block, q/k norms over all heads."""
+    catalog = load_catalog("minimax_m2")
+    layers, experts = 62, 256
+    assert counts(catalog) == {
+        "embed": 1, "attn.q": layers, "attn.kv": 2 * layers, "attn.o": layers, "kv_cache": layers,
+        "router": layers, "experts.gate_up": layers * experts * 2, "experts.down": layers * experts,
+        "norm": 4 * layers + 1, "lm_head": 1}
+    ops = {op.tensor: op for op in catalog.operators}
+    assert ops["model.layers.0.self_attn.q_norm.weight"].shape == (48 * 128,)
+    assert ops["model.layers.0.self_attn.k_norm.weight"].shape == (8 * 128,)
+    assert ops["model.layers.61.block_sparse_moe.experts.255.w2.weight"].shape == (3072, 1536)
+    assert ops["model.layers.0.block_sparse_moe.gate.weight"].shape == (256, 3072)
+    assert catalog.extra_tensors[:1] == ("model.layers.0.block_sparse_moe.e_score_correction_bias",)
+    assert len(catalog.extra_tensors) == layers
 
 
 def test_load_catalog_is_cached():
@@ -225,8 +275,11 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
 
 # Parameter counts the model cards state (Qwen/Qwen2.5-*/README.md "Number of Parameters", Qwen/Qwen3-*
 # README.md): the catalogs built from Miles' architecture flags must carry the published model.
+# Qwen/Qwen3.5-35B-A3B README.md: 35B in total (the catalog is the language model, 34.66B: no vision tower, no
+# MTP layer). MiniMaxAI's MiniMax-M2 model card: 230B total, 10B active (M2.5 keeps the architecture; the
+# catalog, without the MTP modules, is 228.69B).
 PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
-                    "qwen3_32b": 32.8e9}
+                    "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

@@ -104,3 +104,127 @@ def test_dsa_indexer_families_are_what_sglang_quantizes():
     for name, quantized in built.items():
         family = classify(f"model.layers.1.self_attn.indexer.{name}.weight", config).family
         assert family == ("attn.indexer" if quantized else "other"), name
+
+
+def _init_layers(source, cls: str) -> dict[str, bool]:
+    """`self.X = Layer(...)` in `cls.__init__` of this source file: {X: built with the model's quant config}
+    (a `quant_config=` keyword that is not None)."""
+    import ast
+
+    body = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef) and n.name == cls).body
+    init = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    built = {}
+    for node in ast.walk(init):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Attribute)):
+            kwargs = {k.arg: k.value for k in node.value.keywords}
+            if any(k in kwargs for k in ("quant_config", "bias", "prefix")):  # a layer, not a plain attribute
+                q = kwargs.get("quant_config")
+                built[node.targets[0].attr] = q is not None and not (isinstance(q, ast.Constant) and q.value is None)
+    return built
+
+
+def _merged_shards(source, cls: str) -> dict[str, list[str]]:
+    """`cls.packed_modules_mapping` (what the engine's quant config decides a merged layer by, and its loader
+    loads into it): engine layer -> its checkpoint modules, for the Gated DeltaNet projections (`in_proj_*`)."""
+    import ast
+
+    body = next(n for n in ast.walk(ast.parse(source.read_text())) if isinstance(n, ast.ClassDef) and n.name == cls).body
+    value = next(n.value for n in body if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and getattr(n.targets[0], "id", None) == "packed_modules_mapping")
+    merged: dict[str, list[str]] = {}
+    for node in ast.walk(value):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and str(k.value).startswith("in_proj_"):
+                    merged[k.value] = [e.value for e in v.elts]
+    return merged
+
+
+def _check_gated_deltanet(table: dict, built: dict[str, bool], merged: dict[str, list[str]], refusal: str) -> None:
+    """The engine's facts (`built`: its layers and their quant config; `merged`: checkpoint shards per layer;
+    `refusal`: its block-FP8 check of merged parts) against the table, and pcc's families against the table."""
+    assert merged == table["merged"]
+    shards = {s: module for module, members in merged.items() for s in members}
+    assert {"in_proj_qkvz", "in_proj_ba", "out_proj", "conv1d"} <= set(built), built
+    assert not {k for k in built if k.startswith(("in_proj", "out_proj", "conv"))} - {
+        "in_proj_qkvz", "in_proj_ba", "out_proj", "conv1d"}, built  # no projection the table does not know
+    by_checkpoint = {s: built[shards.get(s, s)] for s in [*shards, "out_proj", "conv1d"]}
+    # Every layer in `quantized` is built with the quant config; what is not is wide.
+    assert all(by_checkpoint[s] for s in table["quantized"])
+    assert {s for s, q in by_checkpoint.items() if not q} == {"conv1d"} <= set(table["wide"])
+    # in_proj_b and in_proj_a are built with it but merged into one layer of num_v_heads-row parts, which the
+    # engine's block-FP8 check refuses (Qwen3.5-35B-A3B: 32 rows, 128-row blocks): pcc keeps them wide.
+    assert "% block_n" in refusal
+    assert set(table["wide"]) - {"conv1d"} == set(merged["in_proj_ba"])
+    assert sorted(table["quantized"] + table["wide"]) == sorted(by_checkpoint)
+    config = {"num_hidden_layers": 4}
+    for name in table["quantized"]:
+        assert classify(f"model.language_model.layers.0.linear_attn.{name}.weight", config).family == "attn.linear"
+    for name in table["wide"]:
+        assert classify(f"model.language_model.layers.0.linear_attn.{name}.weight", config).family == "other"
+
+
+def test_gated_deltanet_families_are_what_sglang_quantizes():
+    """targets/sglang.yaml `gated_deltanet` against SGLang's `Qwen3_5GatedDeltaNet.__init__` and
+    `Qwen3_5ForCausalLM.packed_modules_mapping` (every Qwen3.5 class's, the MoE and multimodal ones included), read
+    from the installed source: the package imports GPU kernels."""
+    import importlib.util
+    from pathlib import Path
+
+    from pcc.resources import target_table
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    srt = Path(spec.submodule_search_locations[0]) / "srt"
+    model = srt / "models/qwen3_5.py"
+    refusal = (srt / "layers/quantization/fp8.py").read_text()
+    refusal = refusal[refusal.index("def validate_block_quant_shapes"):][:3000]
+    _check_gated_deltanet(target_table("sglang")["gated_deltanet"], _init_layers(model, "Qwen3_5GatedDeltaNet"),
+                          _merged_shards(model, "Qwen3_5ForCausalLM"), refusal)
+
+
+def test_gated_deltanet_families_are_what_vllm_quantizes():
+    """targets/vllm.yaml `gated_deltanet` against vLLM's `QwenGatedDeltaNetAttention.__init__` (layers/mamba/gdn/
+    qwen_gdn_linear_attn.py) and the Qwen3.5 models' `packed_modules_mapping`, read from the source where vLLM is
+    installed."""
+    import importlib.util
+    from pathlib import Path
+
+    from pcc.resources import target_table
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vllm is not installed")
+    root = Path(spec.submodule_search_locations[0]) / "model_executor"
+    refusal = (root / "layers/quantization/utils/fp8_utils.py").read_text()
+    refusal = refusal[refusal.index("def validate_fp8_block_shape"):][:3000]
+    table = target_table("vllm")
+    assert table["gated_deltanet"] == target_table("sglang")["gated_deltanet"]
+    built = _init_layers(root / "layers/mamba/gdn/qwen_gdn_linear_attn.py", "QwenGatedDeltaNetAttention")
+    _check_gated_deltanet(table["gated_deltanet"], built,
+                          _merged_shards(root / "models/qwen3_5.py", "Qwen3_5ForConditionalGeneration"), refusal)
+    assert _merged_shards(root / "models/qwen3_5.py", "Qwen3_5ForCausalLMBase") == table["gated_deltanet"]["merged"]
+
+
+def test_importer_fuses_the_gated_deltanet_layers_as_sglang():
+    """pcc.importer.matching decides SGLang's merged Gated DeltaNet layers by their checkpoint shards, as SGLang's
+    packed_modules_mapping (targets/sglang.yaml `gated_deltanet` `merged`)."""
+    from pcc.importer.matching import FUSED
+    from pcc.resources import target_table
+
+    for module, shards in target_table("sglang")["gated_deltanet"]["merged"].items():
+        assert FUSED[module] == tuple(shards)
+
+
+def test_attn_linear_is_a_family_of_the_pattern_language():
+    """`attn.linear` names the family; `linear`, `attn`, `attn.*` and `all` select it; `other` (the Gated DeltaNet
+    tensors kept wide) only by name."""
+    from pcc.plan.patterns import parse_pattern
+
+    assert parse_pattern("attn.linear").families == ("attn.linear",)
+    assert parse_pattern("attn.linear[0..2]").layers == ((0, 2),)
+    for alias in ("linear", "attn", "attn.*", "all", "*"):
+        assert "attn.linear" in parse_pattern(alias).families, alias
+        assert "other" not in parse_pattern(alias).families, alias
