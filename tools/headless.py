@@ -132,6 +132,7 @@ class Browser:
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
+        page.target = target
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=session)
         self.call("Page.setLifecycleEventsEnabled", {"enabled": True}, session)
@@ -144,6 +145,11 @@ class Browser:
 class Page:
     def __init__(self, browser: Browser, session: str):
         self.b, self.session = browser, session
+        self.target: str | None = None
+
+    def close(self) -> None:
+        self.b.call("Target.closeTarget", {"targetId": self.target})
+        self.b._events = [m for m in self.b._events if m.get("sessionId") != self.session]
 
     def call(self, method: str, params: dict | None = None) -> dict:
         return self.b.call(method, params, self.session)

@@ -446,7 +446,8 @@ if(D.kv!=null&&comp==="rollout")parts2.push('<span data-kv="'+sm.kv+'">KV cache 
 fig.querySelector(".summary").innerHTML=parts2.join(" · ");
 fig.dataset.built="1";ready();}
 function ready(){var all=document.querySelectorAll(".grid"),n=0;for(var i=0;i<all.length;i++)if(all[i].dataset.built)n++;
-if(n===all.length&&!window.pccReady){window.pccReady=performance.now();document.body.dataset.ready="1";}}
+if(n===all.length&&!window.pccReady){window.pccReady=performance.now();document.body.dataset.ready="1";
+requestAnimationFrame(function(){setTimeout(function(){window.pccPainted=performance.now();});});}}
 function partHtml(comp,p,full){var d=D.decisions[p[0]],r=D.rules[d.r],nm=first(p[2],full?0:3);
 var sw=d.s===null?'<i class="sw off"></i> ':'<i class="sw" style="background:'+colour(p[0])+'"></i> ';
 var what=d.s===null?"not run":esc(d.s)+(d.g?" ("+esc(d.g)+(d.acc?", accumulate "+esc(d.acc):"")+
