@@ -100,7 +100,8 @@ def screenshot(browser, path: Path, png: str) -> None:
     tab.wait_for("window.pccPainted")
     x, y = tab.evaluate("""(() => { const D = window.pccData, cells = D.components.rollout.cells;
         let k = 0; cells.forEach((c, j) => { if (c[2][0][1] > cells[k][2][0][1]) k = j; });
-        const r = document.querySelector('.grid[data-comp="rollout"] .cell[data-k="' + k + '"]').getBoundingClientRect();
+        const e = document.querySelector('.grid[data-comp="rollout"] .cell[data-k="' + k + '"]');
+        const r = e.getBoundingClientRect();
         return [r.x + r.width / 2, r.y + r.height / 2]; })()""")
     tab.mouse_move(x, y)
     tab.wait_for("!document.getElementById('tip').hidden")
@@ -146,7 +147,8 @@ def main() -> None:
                 m = measure(browser, pages[name], name.startswith("precision"))
                 best[name] = {k: min(v, best.get(name, {}).get(k, v)) for k, v in m.items()}
         print(f"best of {args.repeat} rounds, the two pages loaded alternately in fresh tabs of one headless chromium")
-        print(f"{'page':<28} {'size':>9} {'python':>8} {'load':>8} {'ready':>8} {'painted':>8} {'nodes':>7} {'hover':>7}")
+        print(f"{'page':<28} {'size':>9} {'python':>8} {'load':>8} {'ready':>8} {'painted':>8} {'nodes':>7} "
+              f"{'hover':>7}")
         for name, path in pages.items():
             b = best[name]
             hov = f"{b['hover'] * 1e3:.1f}ms" if "hover" in b else "-"

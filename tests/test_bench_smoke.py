@@ -50,7 +50,8 @@ def test_html_map_bench_renders_both_pages(tmp_path):
             pytest.fail("chromium is not installed (.ci/run installs it): bench/html_map.py cannot run")
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium): bench/html_map.py needs it")
     shot = tmp_path / "map.png"
-    out = _run("html_map.py", "--repeat", "1", "--contract", str(BENCH.parent / "contracts/tiny_cpu.prec"), "--screenshot", str(shot))
+    tiny = str(BENCH.parent / "contracts" / "tiny_cpu.prec")
+    out = _run("html_map.py", "--repeat", "1", "--contract", tiny, "--screenshot", str(shot))
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"precision map (pcc)", "per-tensor table (baseline)"} <= rows and "render (painted): " in out
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

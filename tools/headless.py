@@ -62,7 +62,8 @@ class Browser:
         args = [self.binary, "--headless", "--remote-debugging-pipe", f"--user-data-dir={self._profile}",
                 "--no-first-run", "--no-default-browser-check", "--disable-gpu", "--disable-extensions",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--mute-audio", "--hide-scrollbars", "--disable-dev-shm-usage", f"--window-size={self.width},{self.height}", "about:blank"]
+                "--mute-audio", "--hide-scrollbars", "--disable-dev-shm-usage",
+                f"--window-size={self.width},{self.height}", "about:blank"]
         if os.geteuid() == 0:
             args.insert(1, "--no-sandbox")  # chromium refuses root without it
         self.proc = subprocess.Popen(args, pass_fds=(3, 4), preexec_fn=fds, stdin=subprocess.DEVNULL,

@@ -177,7 +177,8 @@ def grid_data(plan: Plan, info: dict | None = None, sources: dict[str, str] | No
         components[comp] = {"label": LABEL[comp], "trace": info["trace"][comp],
                             "cells": [[r, c, sorted(p, key=lambda x: -x[1])] for (r, c), p in sorted(cells.items())]}
     return {"contract": info["contract"], "model": info["model"], "operators": info["operators"],
-            "rows": rows, "layers": layers, "families": families, "kv": col.get("kv_cache"), "legend": legend, "rules": rules,
+            "rows": rows, "layers": layers, "families": families, "kv": col.get("kv_cache"), "legend": legend,
+            "rules": rules,
             "decisions": decisions, "names": names.table, "components": components}
 
 
@@ -251,7 +252,8 @@ def bytes_chart(reps: list[dict], width: int = 760) -> str:
                    f'<text x="{left - 8}" y="{y + bar - 5}" class="label">{esc(r["name"])} '
                    f'<tspan class="dtype">{esc(r["dtype"])}</tspan></text>'
                    f'<rect x="{left}" y="{y}" width="{max(1.0, x(v) - left):.1f}" height="{bar}"/>'
-                   f'<text x="{x(v) + 6:.1f}" y="{y + bar - 5}" class="value">{esc(human_bytes(r["bytes"]))}</text></g>')
+                   f'<text x="{x(v) + 6:.1f}" y="{y + bar - 5}" class="value">'
+                   f'{esc(human_bytes(r["bytes"]))}</text></g>')
     out.append("</svg>")
     return "".join(out) + ('<p class="muted">Log scale. Red: the sync payload, what one weight version moves '
                            'from the trainer to the rollout engine.</p>')
@@ -268,7 +270,8 @@ def diagnostics_html(diagnostics: list[dict], sources: dict[str, str] | None = N
         if text and d.get("line"):
             lines = text.splitlines()
             if 0 < d["line"] <= len(lines):
-                src = f'<pre class="src"><span class="ln">{d["line"]:>5} | </span>{esc(lines[d["line"] - 1][:200])}</pre>'
+                src = (f'<pre class="src"><span class="ln">{d["line"]:>5} | </span>'
+                       f'{esc(lines[d["line"] - 1][:200])}</pre>')
         hint = f'<div class="hint">hint: {esc(d["hint"])}</div>' if d.get("hint") else ""
         items.append(f'<li class="diag {esc(d["severity"])}"><code class="where">{esc(where)}</code> '
                      f'<b>{esc(d["severity"])}[{esc(d.get("code") or "-")}]</b>: {esc(d["message"])}{src}{hint}</li>')
@@ -290,7 +293,8 @@ def rules_html(plan: Plan, data: dict) -> str:
         r = data["rules"][ref.id + 1]
         cells = "".join(f'<td class="num">{counts[ref.id].get(c, "") or ""}</td>' for c in COMPONENTS)
         body.append(f'<tr class="{"keep" if r["keep"] else ""}"><td><code>{esc(r["path"])}</code></td>'
-                    f'<td><code>{esc(r["where"] or "")}</code></td><td>{esc(r["source"] or r["text"])}</td>{cells}</tr>')
+                    f'<td><code>{esc(r["where"] or "")}</code></td><td>{esc(r["source"] or r["text"])}</td>'
+                    f'{cells}</tr>')
     d = "".join(f'<td class="num">{counts[DEFAULT].get(c, "") or ""}</td>' for c in COMPONENTS)
     body.append(f'<tr><td><code>default</code></td><td></td><td>{esc(data["rules"][0]["text"])}</td>{d}</tr>')
     head = "".join(f"<th>{LABEL[c]}</th>" for c in COMPONENTS)

@@ -148,7 +148,8 @@ def test_the_diff_page_in_chromium(browser, capsys, tmp_path):
     page = load(browser, html)
     assert page.errors == [] and page.requests == [html.as_uri()]
     marked = page.evaluate("document.querySelectorAll('.grid .cell.chg').length")
-    assert marked == page.evaluate("Object.values(window.pccData.changed).reduce((n, c) => n + Object.keys(c).length, 0)")
+    assert marked == page.evaluate("Object.values(window.pccData.changed)"
+                                   ".reduce((n, c) => n + Object.keys(c).length, 0)")
     assert marked > 0
     where = page.evaluate("""(() => { const D = window.pccData; for (const comp of Object.keys(D.changed)) {
         const key = Object.keys(D.changed[comp])[0]; if (key) { const [r, c] = key.split(',').map(Number);
