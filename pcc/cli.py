@@ -222,8 +222,13 @@ def cmd_explain(args, rep: Report) -> int:
     if c is None:
         return EXIT_ERRORS
     rep.result = explain(c.plan)
-    rep.say(render(rep.result))
-    return EXIT_OK
+    if args.format == "html":
+        from pcc.plan.html_map import page
+
+        text = page(c.plan, rep.result, [d.to_json() for d in c.diagnostics], c.sources, args.file)
+    else:
+        text = render(rep.result) + "\n"
+    return _emit(rep, text, args.out)
 
 
 def cmd_fmt(args, rep: Report) -> int:
@@ -384,8 +389,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_plan)
 
-    s = sub.add_parser("explain", help="component trace, operator coverage, representations and bytes")
+    s = sub.add_parser("explain", help="component trace, operator coverage, representations and bytes; "
+                       "--format html: the precision map")
     s.add_argument("file", metavar="CONTRACT|BUNDLE")
+    s.add_argument("--format", choices=("text", "html"), default="text",
+                   help="text, or html: one self-contained page, the precision map (docs/cli.md)")
+    add_out(s, "write the text or the page to this file (default: stdout)", metavar="FILE")
     s.add_argument("--json", action="store_true", help=json_help)
     s.set_defaults(fn=cmd_explain)
 

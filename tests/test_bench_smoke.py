@@ -39,3 +39,19 @@ def test_resolve_bench_beside_compressed_tensors():
     pytest.importorskip("compressed_tensors")
     out = _run("resolve.py", "--layers", "2", "--rounds", "1")
     assert any(line.split()[:1] == ["2"] and line.endswith("x") for line in out.splitlines())
+
+
+def test_html_map_bench_renders_both_pages(tmp_path):
+    import os
+    import shutil
+
+    if not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")):
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed (.ci/run installs it): bench/html_map.py cannot run")
+        pytest.skip("chromium is not installed (Debian: apt-get install -y chromium): bench/html_map.py needs it")
+    shot = tmp_path / "map.png"
+    tiny = str(BENCH.parent / "contracts" / "tiny_cpu.prec")
+    out = _run("html_map.py", "--repeat", "1", "--contract", tiny, "--screenshot", str(shot))
+    rows = {line.split("  ")[0] for line in out.splitlines()}
+    assert {"precision map (pcc)", "per-tensor table (baseline)"} <= rows and "render (painted): " in out
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,13 +5,14 @@
 compare.py finds what differs (per component and family, settings, trainable set,
 expectations); engines.py diffs the engine arguments of every target either bundle lowers;
 consequences.py derives rebuilds, validation levels, baseline and byte deltas;
-render.py prints text, Markdown (a pull-request comment) or JSON. Imports happen
+render.py prints text, Markdown (a pull-request comment) or JSON; html.py the precision map
+of B with the changed cells marked and the consequences. Imports happen
 inside the functions, so registering the command (pcc.diff.cli) costs nothing.
 """
 
 from __future__ import annotations
 
-__all__ = ["diff", "diff_plans"]
+__all__ = ["diff", "diff_plans", "diff_sides"]
 
 
 def diff_plans(pa, pb, targets=None) -> dict:
@@ -29,6 +30,12 @@ def diff_plans(pa, pb, targets=None) -> dict:
 
 def diff(a: str, b: str, model: str | None = None, targets=None) -> dict:
     """Diff two contract files or bundle directories; raises pcc.diff.load.DiffError or CatalogError."""
+    return diff_sides(a, b, model, targets)[0]
+
+
+def diff_sides(a: str, b: str, model: str | None = None, targets=None):
+    """`diff`, and the two checked sides (pcc.plan.Compiled) it compared: the precision map
+    (`--format html`) draws B's plan with the changed cells marked."""
     from pcc.diff.load import load_side, model_catalog
 
     catalog = model_catalog(model) if model else None
@@ -37,4 +44,4 @@ def diff(a: str, b: str, model: str | None = None, targets=None) -> dict:
     report = diff_plans(ca.plan, cb.plan, targets)
     report["a"]["file"], report["b"]["file"] = a, b
     report["notes"] = notes_a + notes_b
-    return report
+    return report, ca, cb

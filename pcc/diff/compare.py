@@ -71,6 +71,15 @@ def layer_text(layers) -> str:
     return ", ".join(parts)
 
 
+def by_layer(layers) -> list[list]:
+    """[[layer, tensors], ...] in layer order, global tensors (None) first: where a row's tensors
+    are, cell by cell (the precision map marks them)."""
+    counts: dict = defaultdict(int)
+    for x in layers:
+        counts[x] += 1
+    return [[x, counts[x]] for x in sorted(counts, key=lambda x: -1 if x is None else x)]
+
+
 def tensor_groups(catalog: Catalog, indices) -> list[dict]:
     """Operators summarized by family: count, layers, a few tensor names."""
     ops = catalog.operators
@@ -125,6 +134,7 @@ def component_rows(pa: Plan, pb: Plan, al: Alignment, comp: str) -> list[dict]:
         entry = {"family": fam, "kind": _kind(sig_a, sig_b, qa, qb),
                  "from": _label(pa, rid_a, sig_a), "to": _label(pb, rid_b, sig_b), "tensors": len(pos),
                  "layers": layer_text({ops[al.b[k]].layer for k in pos}),
+                 "by_layer": by_layer(ops[al.b[k]].layer for k in pos),
                  "examples": [ops[al.b[k]].tensor for k in pos[:EXAMPLES]],
                  "rules_a": sorted(rule_text(pa, rid) for rid in {oa[k] for k in pos}),
                  "rules_b": sorted(rule_text(pb, rid) for rid in {ob[k] for k in pos}),

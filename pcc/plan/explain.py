@@ -4,8 +4,10 @@ representation of one weight version with its bytes at the model's shapes."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
-from pcc.plan.resolve import COMPONENTS, DEFAULT, Plan
+from pcc.contract.scheme import ROLES
+from pcc.plan.resolve import COMPONENTS, DEFAULT, DEFAULT_SCHEME, Plan
 
 ELEMENT_BITS = {"bf16": 16, "fp16": 16, "fp32": 32, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "mxfp8": 8,
                 "int8": 8, "mxfp4": 4, "nvfp4": 4, "int4": 4}
@@ -43,7 +45,35 @@ def explain(plan: Plan) -> dict:
                      else "transfer weights as they are"}
     coverage = _coverage(plan)
     return {"contract": c.name, "model": cat.name, "operators": len(ops), "fp8_recipe": plan.fp8_recipe,
-            "trace": trace, "coverage": coverage, "representations": _representations(plan)}
+            "trace": trace, "coverage": coverage, "schemes": _schemes(plan),
+            "representations": _representations(plan)}
+
+
+def _schemes(plan: Plan) -> list[dict]:
+    """The legend: every scheme some component uses, with its format, scale grouping per role and
+    bytes per parameter at the model's shapes (over the weights it decides in any component; its
+    element bytes when it decides only the KV cache)."""
+    ops = plan.catalog.operators
+    shapes: dict[str, Counter] = {}
+    for comp in COMPONENTS:
+        for rid, idx in plan.groups[comp]:
+            if comp == "wgrad" and plan.contract.trainable.kind != "all":
+                continue
+            weights = [ops[i].shape for i in idx if ops[i].family != "kv_cache"]
+            if weights or (comp == "rollout" and len(weights) < len(idx)):  # the KV cache is rollout's only
+                shapes.setdefault(plan.decisions[comp][rid].scheme_name, Counter()).update(weights)
+    if plan.contract.trainable.kind == "lora":
+        shapes.setdefault(DEFAULT_SCHEME, Counter())  # the BF16 adapter's WGrad
+    out = []
+    for name in sorted(shapes, key=lambda n: (n != DEFAULT_SCHEME, n)):
+        spec = plan.schemes[name]
+        params = sum(math.prod(s) * n for s, n in shapes[name].items())
+        stored = sum(spec.weight_bytes(s) * n for s, n in shapes[name].items())
+        out.append({"name": name, "format": spec.format, "text": spec.text(),
+                    **{role: str(g) if (g := spec.grouping_of(role)) is not None else None for role in ROLES},
+                    "scale": None if spec.wide else spec.scale, "bits": spec.bits,
+                    "bytes_per_param": round(stored / params, 4) if params else spec.bits / 8})
+    return out
 
 
 def _coverage(plan: Plan) -> list[dict]:
