@@ -10,7 +10,6 @@ naming the file, the entry and the bound; a malformed entry is PCC801 naming the
 
 from __future__ import annotations
 
-import math
 import re
 import signal
 import threading
@@ -97,8 +96,8 @@ def integer(value, what: str, file: str, path: str, low: int = 0, span=None) -> 
     naming `what` without printing a 400-digit number back."""
     if isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_INT:
         return value
-    said = shown(str(value), 20) if isinstance(value, (int, str)) and not isinstance(value, bool) else kind_of(value)
-    raise ImportFailed(f"{file}: {what} {said} is not an integer from {low} to {MAX_INT}", path=path, file=file,
+    text = shown(str(value), 20) if isinstance(value, (int, str)) and not isinstance(value, bool) else kind_of(value)
+    raise ImportFailed(f"{file}: {what} {text} is not an integer from {low} to {MAX_INT}", path=path, file=file,
                        span=span)
 
 
@@ -122,12 +121,6 @@ def _path(trail) -> str:
         key, trail = trail
         out = (f"[{key}]" if isinstance(key, int) else f".{key[:40]}") + out
     return out.lstrip(".")
-
-
-def finite(value: float, what: str, file: str, path: str) -> float:
-    if not math.isfinite(value):
-        raise ImportFailed(f"{file}: {what} {value}: not a finite number", path=path, file=file)
-    return value
 
 
 class Budget:
@@ -173,6 +166,6 @@ class Budget:
             self.spent += elapsed
             if timed:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, handler)
+                signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)  # None: set in C
                 if outer:  # someone else's timer keeps running
                     signal.setitimer(signal.ITIMER_REAL, max(outer - elapsed, 1e-3), interval)
