@@ -26,13 +26,14 @@ EXPECT = re.compile(rb"^# expect: (PCC\d{3})(?: (?:(?P<file>[\w\-]+\.(?:prec|yam
 # Codes no input file can produce: each has its own test below instead of a fixture.
 NO_FIXTURE = {
     # PCC8xx: diagnostics of `pcc import` about its source (a checkpoint config, a Miles launch), not of a
-    # contract's text; tests/importer/test_import.py triggers each
+    # contract's text; tests/importer/test_import.py triggers each (PCC811-PCC812: test_hostile_round3_import.py)
     "PCC801": "a source pcc import cannot import", "PCC802": "a source entry that matches nothing",
     "PCC803": "the source's precedence differs from pcc's", "PCC804": "a source setting pcc states differently",
     "PCC805": "a source that is no RL job",
     "PCC806": "a source entry the consuming engine ignores", "PCC807": "an engine switch pcc has no field for",
     "PCC808": "a contract field the source does not carry", "PCC809": "a launch that contradicts its checkpoint",
     "PCC810": "a source key its tool does not have",
+    "PCC811": "a source past the import's bounds", "PCC812": "a bundle file outside its bundle",
     "PCC100": "the parser's defensive catch-all; see test_pcc100_internal_parser_failure",
     # PCC7xx: errors of running a bundle, not of a contract's text (test_running_errors_carry_codes)
     "PCC701": "a bundle that cannot be written or read", "PCC702": "a checkpoint conversion that cannot go on",

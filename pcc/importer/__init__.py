@@ -75,16 +75,39 @@ def contract_name(source: str) -> str:
 
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from regular file `path`, through pcc.lang.inputs (bounded; a duplicate key or NaN is
-    refused); ImportFailed naming the file otherwise, PCC109 where it is no regular file (as read_text)."""
+    refused) and nested at most bounds.MAX_DEPTH deep; ImportFailed naming the file otherwise: PCC109
+    where it is no regular file, PCC811 past a bound (as read_text)."""
+    from pcc.importer.bounds import depth
+
     if not os.path.lexists(path):
         raise ImportFailed(f"{path}: no such file ({what})", file=str(path))
     try:
         data = inputs.read_json(path, what=what)
     except inputs.InputError as exc:
-        raise ImportFailed(exc.message, code=exc.code if exc.reason == "kind" else None, file=str(path)) from None
+        raise input_failed(exc, str(path)) from None
     if not isinstance(data, dict):
         raise ImportFailed(f"{path}: {what} is not a JSON object", file=str(path))
+    depth(data, str(path))
     return data
+
+
+def input_failed(exc: inputs.InputError, file: str) -> ImportFailed:
+    """pcc.lang.inputs' refusal as the import's: PCC109 for no regular file, PCC811 over the size
+    limit (a gigabyte sparse file is refused on its stated size), else PCC801."""
+    return ImportFailed(exc.message, code={"kind": exc.code, "size": "PCC811"}.get(exc.reason), file=file)
+
+
+def bundle_file(bundle: Path, name: str) -> Path | None:
+    """`bundle/name` where it exists (a FIFO or a device exists too: reading it is PCC109), None where
+    not; refused (PCC812) when it, or a folder on the way, is a link that leaves the bundle: pcc reads
+    a bundle's own files, never what a link in it points at, and names the link without reading it."""
+    path = bundle / name
+    if not os.path.lexists(path):
+        return None
+    if not path.resolve().is_relative_to(bundle.resolve()):
+        raise ImportFailed(f"{path}: a link out of the bundle {bundle}; pcc reads only the bundle's own files",
+                           code="PCC812", file=str(path), hint="copy the file into the bundle, or remove the link")
+    return path
 
 
 def import_source(kind: str, source: str, model: str | None = None, hardware: str | None = None) -> Imported:

@@ -9,46 +9,67 @@ proved exact against pcc's own resolver before anything is written.
 
 from __future__ import annotations
 
+import os
+import re
+from bisect import bisect_right
+from contextlib import nullcontext
+from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, contract_name, read_json
-from pcc.importer.matching import (FusedDisagreement, SglangModule, ct_classes, ct_match_name,
-                                   ct_matched_targets, modelopt_excluded, modelopt_exclusions, module_name,
-                                   module_path_match, normalized_fp8_ignores, sglang_module, sglang_skipped)
+from pcc.importer.bounds import MAX_INT, Budget, count, kind_of, names, pattern, said
+from pcc.importer.matching import (_MLA_FUSED_PARTS, FusedDisagreement, SglangModule, _modelopt_regex, ct_classes,
+                                   ct_match_name, ct_matched_targets, modelopt_excluded, modelopt_exclusions,
+                                   module_name, normalized_fp8_ignores, sglang_module, sglang_skipped)
 from pcc.importer.rules import component_rules, scheme_name
 from pcc.models import Catalog
+from pcc.models.base import inside
 from pcc.plan.patterns import LINEAR
 
 # Families SGLang's fp8/modelopt/mxfp4 loaders can quantize (LinearBase and FusedMoE modules;
 # ModelOpt also ParallelLMHead). Routers are built without a quant config, embeddings and norms
 # are never quantized by these methods.
 _SGLANG_LINEAR = set(LINEAR)
+# A ModelOpt entry without regex syntax (`.` is escaped, so it is literal): it fullmatches only itself.
+_LITERAL = re.compile(r"[^\\^$*+?{}\[\]|()]*")
 SUPPORTED = "fp8 / mxfp8 (block or per-tensor), compressed-tensors, modelopt (NVFP4, FP8), mxfp4 (gpt-oss)"
 
 
 def read_quant_config(source: str) -> tuple[dict, str, str | None]:
-    """(quantization config, the file it came from, the checkpoint directory if SOURCE is one)."""
+    """(quantization config, the file it came from, the checkpoint directory if SOURCE is one). A
+    FIFO or a device is PCC109 (pcc.lang.inputs), never "no such file"."""
     p = Path(source)
     if p.is_dir():
-        cfg_file = p / "config.json"
-        if cfg_file.is_file():
-            config = read_json(cfg_file, "config.json")
-            for c in (config, config.get("text_config") or {}):
-                for key in ("quantization_config", "compression_config"):
-                    if isinstance(c.get(key), dict):
-                        return c[key], str(cfg_file), str(p)
-        hf = p / "hf_quant_config.json"
-        if hf.is_file():
-            return read_json(hf, "hf_quant_config.json"), str(hf), str(p)
-        raise ImportFailed(f"{p}: no quantization_config in config.json and no hf_quant_config.json: "
-                           "the checkpoint is not quantized", file=str(p))
-    if not p.is_file():
+        found = dir_quant_config(p)
+        if found is None:
+            raise ImportFailed(f"{p}: no quantization_config in config.json and no hf_quant_config.json: "
+                               "the checkpoint is not quantized", file=str(p))
+        return found
+    if not os.path.lexists(p):
         raise ImportFailed(f"{source}: no such file or checkpoint directory", file=source)
     data = read_json(p, "quantization config")
     for key in ("quantization_config", "compression_config"):
         if isinstance(data.get(key), dict):
             return data[key], str(p), None
     return data, str(p), None
+
+
+def dir_quant_config(p: Path) -> tuple[dict, str, str] | None:
+    """A checkpoint directory's quantization config (config.json's, else hf_quant_config.json), as
+    read_quant_config gives it; None when the checkpoint is not quantized. Its files are read inside
+    it only (a link out of it is PCC211, as the models stage refuses it)."""
+    cfg_file = p / "config.json"
+    if os.path.lexists(cfg_file):
+        config = read_json(inside(p, cfg_file.name), "config.json")
+        for c in (config, config.get("text_config")):
+            for key in ("quantization_config", "compression_config"):
+                if isinstance(c, dict) and isinstance(c.get(key), dict):
+                    return c[key], str(cfg_file), str(p)
+    hf = p / "hf_quant_config.json"
+    if os.path.lexists(hf):
+        return read_json(inside(p, hf.name), "hf_quant_config.json"), str(hf), str(p)
+    return None
 
 
 def load_model(model: str | None, checkpoint_dir: str | None, named: tuple[str, str] | None = None
@@ -102,9 +123,9 @@ def import_checkpoint(source: str, model: str | None, hardware: str | None = Non
 
 def decide_config(qc: dict, file: str, catalog: Catalog, imp: Imported) -> Decided:
     """What the config decides per operator, by its method's own rules (launch imports call this
-    for the checkpoint their rollout loads)."""
+    for the checkpoint their rollout loads), its patterns within the import's budget (bounds.py)."""
     return {"fp8": _fp8, "mxfp4": _mxfp4, "compressed-tensors": _compressed_tensors,
-            "modelopt": _modelopt}[method_of(qc, file)](qc, catalog, imp, file)
+            "modelopt": _modelopt}[method_of(qc, file)](qc, catalog, imp, file, Budget(file))
 
 
 # -- the methods ----------------------------------------------------------------------------------
@@ -126,7 +147,7 @@ def _all_paths(catalog: Catalog) -> list[str]:
     return sorted(names)
 
 
-def _fp8(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
+def _fp8(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget) -> Decided:
     """SGLang `Fp8Config.from_config` + `get_quant_method` (fp8.py)."""
     mx = "mxfp8" in str(qc.get("quant_method"))
     if "activation_scheme" not in qc:
@@ -136,15 +157,15 @@ def _fp8(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
     block = qc.get("weight_block_size")
     if mx:
         if block not in (None, [1, 32]):
-            imp.warn("PCC806", f"weight_block_size {block}: SGLang's mxfp8 method always uses [1, 32]",
+            imp.warn("PCC806", f"weight_block_size {said(block)}: SGLang's mxfp8 method always uses [1, 32]",
                      "weight_block_size")
         spec, stem = {"format": "mxfp8"}, "mxfp8"
     elif block is not None:
-        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-            raise ImportFailed(f"{file}: weight_block_size {block!r} is not [rows, cols]", path="weight_block_size",
-                               file=file)
+        if not (isinstance(block, list) and len(block) == 2 and all(map(_positive, block))):
+            raise ImportFailed(f"{file}: weight_block_size {said(block)} is not [rows, cols] of positive integers "
+                               "(true and false are no numbers)", path="weight_block_size", file=file)
         if act != "dynamic":
-            raise ImportFailed(f"{file}: block FP8 with activation_scheme {act!r}: SGLang runs block scales with "
+            raise ImportFailed(f"{file}: block FP8 with activation_scheme {said(act)}: SGLang runs block scales with "
                                "dynamic activations only", path="activation_scheme", file=file)
         r, c = block
         spec = {"format": "fp8_e4m3", "weights": {"kind": "block", "rows": r, "cols": c},
@@ -159,29 +180,29 @@ def _fp8(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
                      "per-tensor FP8 scheme states the grouping, not where the activation scale comes from",
                      "activation_scheme")
     if qc.get("fmt") not in (None, "e4m3"):
-        imp.warn("PCC804", f"fmt {qc['fmt']!r}: SGLang ignores fmt and reads E4M3 weights", "fmt")
+        imp.warn("PCC804", f"fmt {said(qc['fmt'])}: SGLang ignores fmt and reads E4M3 weights", "fmt")
     name = _define(imp, spec, stem)
     key = "ignored_layers" if qc.get("ignored_layers") else "modules_to_not_convert"
-    entries = list(qc.get(key) or [])
+    entries = names(qc.get(key), key, file, "an exclusion list")
     if qc.get("ignored_layers") and qc.get("modules_to_not_convert"):
         imp.warn("PCC806", "both ignored_layers and modules_to_not_convert: SGLang reads ignored_layers only",
                  "modules_to_not_convert")
     d = Decided()
-    ignored = normalized_fp8_ignores(entries)
+    _unmatched_sglang(imp, _Paths(catalog), catalog.name, entries, key)
+    listed = _Listed(normalized_fp8_ignores(entries))
     for prefix, (module, idx) in _sglang_modules(catalog, _SGLANG_LINEAR).items():
         try:
-            skipped = sglang_skipped(module, ignored)
+            skipped = sglang_skipped(module, listed.naming(module))
         except FusedDisagreement as exc:
             raise ImportFailed(f"{file}: {exc}", path=key, file=file) from None
         if not skipped:
             d.scheme.update(dict.fromkeys(idx, name))
-    _unmatched_sglang(imp, catalog, entries, key)
-    _expert_entries(imp, catalog, ignored, entries, key)
+    _expert_entries(imp, catalog, listed, _Listed(entries), key)
     d.kv = _kv_algo(qc.get("kv_cache_quant_algo"))
     return d
 
 
-def _mxfp4(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
+def _mxfp4(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget) -> Decided:
     """SGLang `Mxfp4Config` (mxfp4.py): every FusedMoE layer is MXFP4, every Linear stays wide;
     `from_config` never passes `modules_to_not_convert` on."""
     name = _define(imp, {"format": "mxfp4"}, "mxfp4")
@@ -192,23 +213,28 @@ def _mxfp4(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
     if not d.scheme:
         raise ImportFailed(f"{file}: quant_method mxfp4 quantizes routed experts only, and {catalog.name} has none",
                            path="quant_method", file=file)
-    entries = list(qc.get("modules_to_not_convert") or [])
+    key = "modules_to_not_convert"
+    entries = names(qc.get(key), key, file, "an exclusion list")
     if entries:
         imp.warn("PCC806", "modules_to_not_convert: SGLang's mxfp4 method ignores it (it quantizes every routed "
                  "expert and nothing else); the imported rules say what SGLang runs", "modules_to_not_convert")
     paths = _Paths(catalog)
+    _globs(entries, key, file, len(paths.ancestors))
     moe = sorted({sglang_module(op).prefix for op in catalog.operators if op.family.startswith("experts.")})
     for k, e in enumerate(entries):
-        if not paths.glob_match(e):
+        with _timed(budget, f"{key}[{k}]", e):
+            hit = paths.glob_match(e)
+            experts = hit and any(_glob_prefix(e, p) for p in moe)
+        if not hit:
             imp.warn("PCC802", f"modules_to_not_convert[{k}] {e!r} matches no module of {catalog.name}",
                      f"modules_to_not_convert[{k}]")
-        elif any(_glob_prefix(e, p) for p in moe):
+        elif experts:
             imp.warn("PCC803", f"modules_to_not_convert[{k}] {e!r} names routed experts, which SGLang's mxfp4 "
                      "method quantizes anyway", f"modules_to_not_convert[{k}]")
     return d
 
 
-def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
+def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget) -> Decided:
     """SGLang `ModelOptFp4Config.from_config` / `ModelOptFp8Config` and `_get_quant_method`
     (modelopt_quant.py): Linear and LM head excluded by `is_layer_skipped` or
     `is_layer_excluded`, FusedMoE by `is_layer_excluded` only."""
@@ -217,12 +243,14 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
     algo = q.get("quant_algo")
     where = "quantization." if nested else ""
     if nested:
-        key, entries, kv_raw = "exclude_modules", q.get("exclude_modules") or [], q.get("kv_cache_quant_algo")
+        key, kv_raw = "exclude_modules", q.get("kv_cache_quant_algo")
+        entries = names(q.get(key), where + key, file, "an exclusion list")
     else:
         present = [k for k in ("ignore", "modules_to_not_convert", "exclude_modules") if k in q]
         key = present[0] if present else "ignore"
-        entries = q.get(key) or []
-        if len({tuple(q[k] or []) for k in present}) > 1:
+        lists = {k: names(q[k], k, file, "an exclusion list") for k in present}
+        entries = lists.get(key, [])
+        if len({tuple(v) for v in lists.values()}) > 1:
             imp.warn("PCC806", f"{' and '.join(present)} differ: SGLang reads {key} only", key)
         kv_raw = q.get("kv_cache_scheme") or q.get("kv_cache_quant_algo")
     if algo == "NVFP4":
@@ -239,56 +267,67 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
         raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4 and FP8", path=where + "quant_algo",
                            file=file)
     d = Decided()
-    exclusions = modelopt_exclusions(entries)
+    paths = _Paths(catalog)
+    _globs(entries, where + key, file, len(paths.ancestors) + len(paths.parts))
+    _unmatched_sglang(imp, paths, catalog.name, entries, where + key, budget, modelopt=True)
+    listed = _Listed(modelopt_exclusions(entries))
     for prefix, (module, idx) in _sglang_modules(catalog, _SGLANG_LINEAR | {"lm_head"}).items():
         try:
-            if module.moe:
-                excluded = modelopt_excluded(prefix, exclusions)
-            else:
-                excluded = sglang_skipped(module, exclusions) or modelopt_excluded(prefix, exclusions)
+            with budget.matching(f"{where + key} (deciding {prefix})"):
+                excluded = (not module.moe and sglang_skipped(module, listed.naming(module))) or modelopt_excluded(
+                    prefix, listed.modelopt_naming(prefix))
         except FusedDisagreement as exc:
             raise ImportFailed(f"{file}: {exc}", path=where + key, file=file) from None
         if not excluded:
             d.scheme.update(dict.fromkeys(idx, name))
-    _unmatched_sglang(imp, catalog, entries, where + key, modelopt=True)
     d.kv = _kv_algo(kv_raw)
     return d
 
 
-def _compressed_tensors(qc: dict, catalog: Catalog, imp: Imported, file: str) -> Decided:
+def _compressed_tensors(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget) -> Decided:
     """compressed-tensors `apply_quantization_config` (quantization/lifecycle/apply.py) with its
     matchers (utils/match.py)."""
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ImportFailed(f"{file}: compressed-tensors config without config_groups", path="config_groups", file=file)
     target_group: dict[str, str] = {}
-    names: dict[str, str] = {}
+    schemes: dict[str, str] = {}
+    labelled: list[tuple[str, str]] = []  # (where, entry) of every target and ignore entry
     for gname, g in groups.items():
         if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
             raise ImportFailed(f"{file}: config_groups.{gname} has no targets list", path=f"config_groups.{gname}",
                                file=file)
-        names[gname] = _define(imp, _ct_scheme(g, gname, imp, file), _ct_stem(g, gname))
-        for t in g["targets"]:
+        schemes[gname] = _define(imp, _ct_scheme(g, gname, imp, file), _ct_stem(g, gname))
+        at = f"config_groups.{gname}.targets"
+        for k, t in enumerate(names(g["targets"], at, file, "a targets list")):
             if t in target_group:
                 imp.warn("PCC803", f"target {t!r} is in config_groups {target_group[t]} and {gname}: compressed-tensors "
-                         f"keeps the later ({gname})", f"config_groups.{gname}.targets")
+                         f"keeps the later ({gname})", at)
             target_group[t] = gname
-    ignore = list(qc.get("ignore") or [])
+            labelled.append((f"{at}[{k}]", t))
+    ignore = names(qc.get("ignore"), "ignore", file, "an ignore list")
+    labelled += [(f"ignore[{k}]", e) for k, e in enumerate(ignore)]
+    ops = [(i, op, module_name(op), ct_classes(op, catalog)) for i, op in enumerate(catalog.operators)
+           if op.family != "kv_cache"]
+    hits = _ct_regex_hits(budget, file, labelled, [name for _, _, name, _ in ops])
+    re_targets = [t for t in target_group if t in hits]
+    re_ignores = [e for e in dict.fromkeys(ignore) if e in hits]
+    ignored = set(ignore)
     order = list(groups)
     d = Decided()
     target_hits: set[str] = set()
     ignore_hits: set[str] = set()
-    for i, op in enumerate(catalog.operators):
-        if op.family == "kv_cache":
-            continue
-        name, classes = module_name(op), ct_classes(op, catalog)
-        matched = ct_matched_targets(name, classes, list(target_group))
+    for i, op, name, classes in ops:
+        # only the targets that can match (the name itself, its classes, the regexes that matched it):
+        # compressed-tensors' order over them is its order over all
+        maybe = [t for t in (name, *classes) if t in target_group] + [t for t in re_targets if name in hits[t]]
+        matched = ct_matched_targets(name, classes, list(dict.fromkeys(maybe)))
         if not matched:
             continue
         quantizable = bool(set(classes) & {"Linear", "Embedding"}) or op.family == "other"
         if quantizable:
             target_hits.update(matched)
-        hit_ignores = [e for e in ignore if ct_match_name(name, e) or e in classes]
+        hit_ignores = [e for e in (name, *classes) if e in ignored] + [e for e in re_ignores if name in hits[e]]
         if hit_ignores:
             ignore_hits.update(hit_ignores)
             continue
@@ -299,7 +338,7 @@ def _compressed_tensors(qc: dict, catalog: Catalog, imp: Imported, file: str) ->
             imp.warn("PCC804", f"{op.tensor}: compressed-tensors quantizes it ({chosen}) but pcc has no operator family "
                      "for it, so the contract keeps it wide", "ignore")
             continue
-        d.scheme[i] = names[chosen]
+        d.scheme[i] = schemes[chosen]
         last = max({target_group[t] for t in matched}, key=order.index)
         if last != chosen:
             imp.warn("PCC803", f"{name}: matched by config_groups {', '.join(sorted({target_group[t] for t in matched}))}; "
@@ -323,6 +362,22 @@ def _compressed_tensors(qc: dict, catalog: Catalog, imp: Imported, file: str) ->
     return d
 
 
+def _ct_regex_hits(budget: Budget, file: str, labelled: list[tuple[str, str]], modules: list[str]
+                   ) -> dict[str, set[str]]:
+    """Each `re:` entry -> the module names it matches (compressed-tensors' `match_name`), found once and
+    entry by entry within the budget, so that a pattern that backtracks is named; the per-module
+    decisions look them up instead of matching again."""
+    regexes = [(at, e) for at, e in labelled if e.startswith("re:")]
+    count("config_groups targets and ignore", file, len({e for _, e in regexes}), len(modules))
+    hits: dict[str, set[str]] = {}
+    for at, e in regexes:
+        pattern(e, at, file, re.compile, e[3:])
+        if e not in hits:
+            with budget.matching(f"{at} {e!r}"):
+                hits[e] = {name for name in modules if ct_match_name(name, e)}
+    return hits
+
+
 def _ct_hint(entry: str) -> str:
     if entry.startswith("re:"):
         return "'re:' patterns use re.match: anchored at the start of the module name, not at its end"
@@ -333,11 +388,11 @@ def _ct_stem(g: dict, gname: str) -> str:
     w = g.get("weights") or {}
     bits, kind = w.get("num_bits"), w.get("type")
     size = w.get("group_size")
-    a = "a16" if not g.get("input_activations") else f"a{(g['input_activations'] or {}).get('num_bits')}"
+    a = f"a{g['input_activations'].get('num_bits')}" if g.get("input_activations") else "a16"
     return f"{gname}_{'w' if kind == 'int' else 'f'}{bits}{a}" + (f"_g{size}" if size else "")
 
 
-def _ct_grouping(args: dict, fmt: str, role: str, where: str) -> dict:
+def _ct_grouping(args: dict, fmt: str, role: str, where: str, file: str) -> dict:
     strategy = args.get("strategy")
     if strategy == "tensor":
         return {"kind": "tensor"}
@@ -346,17 +401,23 @@ def _ct_grouping(args: dict, fmt: str, role: str, where: str) -> dict:
     if strategy == "token":
         return {"kind": "token"}
     if strategy == "block":
-        r, c = args.get("block_structure") or [None, None]
-        return {"kind": "block", "rows": r, "cols": c}
+        block = args.get("block_structure")
+        if not (isinstance(block, list) and len(block) == 2 and all(map(_positive, block))):
+            raise ImportFailed(f"{file}: {where}.block_structure {said(block)} is not [rows, cols] of positive "
+                               "integers (true and false are no numbers)", path=f"{where}.block_structure", file=file)
+        return {"kind": "block", "rows": block[0], "cols": block[1]}
     if strategy in ("group", "tensor_group"):
         size = args.get("group_size")
+        if not _positive(size):
+            raise ImportFailed(f"{file}: {where}.group_size {said(size)} is not a positive integer (true and false "
+                               "are no numbers)", path=f"{where}.group_size", file=file)
         if fmt == "fp8_e4m3" and role == "activations":
             return {"kind": "tile", "rows": 1, "cols": size}
         return {"kind": "group", "size": size}
-    raise ImportFailed(f"{where}: strategy {strategy!r} has no pcc grouping", path=where)
+    raise ImportFailed(f"{file}: {where}: strategy {said(strategy)} has no pcc grouping", path=where, file=file)
 
 
-def _ct_format(args: dict, where: str) -> str:
+def _ct_format(args: dict, where: str, file: str) -> str:
     kind, bits, size = args.get("type"), args.get("num_bits"), args.get("group_size")
     if kind == "int" and bits in (4, 8):
         return f"int{bits}"
@@ -367,8 +428,8 @@ def _ct_format(args: dict, where: str) -> str:
             return "nvfp4"
         if size == 32:
             return "mxfp4"
-    raise ImportFailed(f"{where}: {kind} {bits}-bit (strategy {args.get('strategy')}, group {size}) has no pcc format",
-                       path=where)
+    raise ImportFailed(f"{file}: {where}: {kind} {bits}-bit (strategy {args.get('strategy')}, group {size}) has no pcc "
+                       "format", path=where, file=file)
 
 
 def _ct_scheme(g: dict, gname: str, imp: Imported, file: str) -> dict:
@@ -377,19 +438,22 @@ def _ct_scheme(g: dict, gname: str, imp: Imported, file: str) -> dict:
     if not isinstance(w, dict):
         raise ImportFailed(f"{file}: {base} quantizes no weights; pcc imports weight schemes", path=base + ".weights",
                            file=file)
-    fmt = _ct_format(w, base + ".weights")
-    spec: dict = {"format": fmt, "weights": _ct_grouping(w, fmt, "weights", base + ".weights")}
+    if a is not None and not isinstance(a, dict):
+        raise ImportFailed(f"{file}: {base}.input_activations is {kind_of(a)}; compressed-tensors takes a mapping "
+                           "(or null)", path=base + ".input_activations", file=file)
+    fmt = _ct_format(w, base + ".weights", file)
+    spec: dict = {"format": fmt, "weights": _ct_grouping(w, fmt, "weights", base + ".weights", file)}
     if w.get("symmetric") is False:
         spec["symmetric"] = False
     if w.get("actorder"):
         imp.warn("PCC804", f"{base}.weights.actorder {w['actorder']!r}: pcc has no activation-order permutation; "
                  "the imported scheme groups columns in storage order", base + ".weights.actorder")
     if isinstance(a, dict):
-        afmt = _ct_format(a, base + ".input_activations")
+        afmt = _ct_format(a, base + ".input_activations", file)
         if afmt != fmt:
             raise ImportFailed(f"{file}: {base} has {fmt} weights and {afmt} activations; a pcc scheme has one format",
                                path=base + ".input_activations", file=file)
-        spec["activations"] = _ct_grouping(a, fmt, "activations", base + ".input_activations")
+        spec["activations"] = _ct_grouping(a, fmt, "activations", base + ".input_activations", file)
         if a.get("dynamic") is False and fmt != "nvfp4":
             imp.warn("PCC804", f"{base}.input_activations are static (calibrated scales): pcc states the grouping, "
                      "not where the activation scale comes from", base + ".input_activations.dynamic")
@@ -428,9 +492,68 @@ def _kv_algo(value) -> str | None:
     return None
 
 
+def _positive(v) -> bool:
+    """A positive integer; JSON's true and false are no numbers (Python counts them as 1 and 0)."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_INT
+
+
+class _Listed:
+    """An exclusion list indexed for SGLang's rules, so that a list of 200k names costs lookups per
+    module rather than a scan: the entries each dotted run of a module path names, those naming
+    experts (searched as one text), and (ModelOpt) the entries with regex syntax. SGLang's verdict
+    over `naming(m)` / `modelopt_naming(p)` is its verdict over the whole list."""
+
+    def __init__(self, entries: list[str]):
+        self.by_run: dict[str, list[str]] = {}
+        for e in entries:
+            self.by_run.setdefault(e.rstrip("."), []).append(e)
+        self._entries = entries
+        self._experts = [e for e in entries if "experts" in e]
+        self._text = "\n".join(self._experts)
+        self._starts = list(accumulate((len(e) + 1 for e in self._experts[:-1]), initial=0))
+
+    def runs_of(self, path: str) -> list[str]:
+        """The entries `_module_path_match` can match with `path`: those naming one of its dotted runs."""
+        bits = path.split(".")
+        return [e for i in range(len(bits)) for j in range(i + 1, len(bits) + 1)
+                for e in self.by_run.get(".".join(bits[i:j]), ())]
+
+    def containing(self, prefix: str) -> list[str]:
+        """The entries naming experts that contain `prefix` (SGLang's FusedMoE substring rule), in order."""
+        out, at = [], self._text.find(prefix)
+        while at >= 0:
+            k = bisect_right(self._starts, at) - 1
+            out.append(self._experts[k])
+            at = self._text.find(prefix, self._starts[k] + len(self._experts[k]))
+        return out
+
+    def naming(self, module: SglangModule) -> list[str]:
+        found = [e for p in (module.prefix, *module.shards) for e in self.runs_of(p)]
+        return found + self.containing(module.prefix) if module.moe else found
+
+    @cached_property
+    def literal(self) -> set[str]:
+        return {e for e in self._entries if _LITERAL.fullmatch(e)}
+
+    @cached_property
+    def patterns(self) -> list[str]:
+        return [e for e in dict.fromkeys(self._entries) if e not in self.literal]
+
+    @cached_property
+    def mla(self) -> list[str]:
+        return [e for e in dict.fromkeys(self._entries) if e.rsplit(".", 1)[-1] in _MLA_FUSED_PARTS]
+
+    def modelopt_naming(self, prefix: str) -> list[str]:
+        """The entries `is_layer_excluded(prefix)` can match: a literal one only equal to the prefix (or
+        one dotted part of it), then the patterns and the MLA fused-part tails."""
+        variants = [prefix] + ([prefix.removeprefix("language_model.")] if prefix.startswith("language_model.") else [])
+        words = {w for v in variants for w in (v, *v.split("."))}
+        return [w for w in words if w in self.literal] + self.patterns + self.mla
+
+
 class _Paths:
     """Every module path of the model (checkpoint and SGLang names), their dotted ancestors and
-    parts, so that 'which entry matches nothing' is set lookups plus a scan for the rare rest."""
+    parts, so that 'which entry matches nothing' is set lookups; only patterns are matched."""
 
     def __init__(self, catalog: Catalog):
         self.paths = _all_paths(catalog)
@@ -441,51 +564,75 @@ class _Paths:
             self.parts.update(bits)
             self.ancestors.update(".".join(bits[:k]) for k in range(1, len(bits) + 1))
 
+    @cached_property
+    def runs(self) -> set[str]:
+        """Every dotted run of every path (a dotted suffix of an ancestor), built when first asked."""
+        out: set[str] = set()
+        for a in self.ancestors:
+            at = 0
+            while at >= 0:
+                out.add(a[at:])
+                at = a.find(".", at) + 1 or -1
+        return out
+
     def path_match(self, entry: str) -> bool:
         """Some module matches SGLang's `_module_path_match(entry, module)`."""
         e = entry.rstrip(".")
-        if e in self.ancestors:
-            return True
-        return any(f".{e}." in f".{p}." for p in self.paths)
+        return e in self.ancestors or e in self.runs
 
     def glob_match(self, entry: str, parts: bool = False) -> bool:
-        """`*` globs (ModelOpt's form) over whole module paths or their ancestors (and, with
+        """ModelOpt's regex form (`*` is `.*`) over whole module paths or their ancestors (and, with
         `parts`, single dotted parts, as ModelOpt's part-by-part check)."""
-        from pcc.importer.matching import _modelopt_regex
-
-        if "*" not in entry:
+        if _LITERAL.fullmatch(entry):
             return entry in self.ancestors or (parts and entry in self.parts)
         rx = _modelopt_regex(entry)
         return any(rx.fullmatch(a) for a in self.ancestors) or (parts and any(rx.fullmatch(x) for x in self.parts))
 
 
+def _globs(entries: list[str], key: str, file: str, targets: int) -> None:
+    """Every entry SGLang compiles as a regex (all but the literal ones) compiles, and there are few
+    enough of them to match against `targets` module names (bounds.py)."""
+    globs = [(k, e) for k, e in enumerate(entries) if not _LITERAL.fullmatch(e)]
+    for k, e in globs:
+        pattern(e, f"{key}[{k}]", file, _modelopt_regex, e)
+    count(key, file, len(globs), targets)
+
+
+def _timed(budget: Budget | None, at: str, entry: str):
+    """The budget's block for matching `entry` when SGLang reads it as a regex; nothing to time for a
+    literal one (a lookup)."""
+    if budget is None or _LITERAL.fullmatch(entry):
+        return nullcontext()
+    return budget.matching(f"{at} {entry!r}")
+
+
 def _glob_prefix(entry: str, path: str) -> bool:
     """A `*` glob naming this module path or one of its ancestors."""
-    from pcc.importer.matching import _modelopt_regex
-
     rx, bits = _modelopt_regex(entry), path.split(".")
     return any(rx.fullmatch(".".join(bits[:k])) for k in range(1, len(bits) + 1))
 
 
-def _unmatched_sglang(imp: Imported, catalog: Catalog, entries: list[str], key: str, modelopt: bool = False) -> None:
-    paths = _Paths(catalog)
+def _unmatched_sglang(imp: Imported, paths: _Paths, model: str, entries: list[str], key: str,
+                      budget: Budget | None = None, modelopt: bool = False) -> None:
+    """PCC802 for each entry that matches no module; entry by entry, so that a pattern that never ends
+    is named by the budget (ModelOpt's entries are regexes)."""
     for k, e in enumerate(entries):
         forms = modelopt_exclusions([e]) if modelopt else [e]
-        hit = any(paths.path_match(f.removeprefix("model.")) or paths.path_match(f) or (
-            modelopt and paths.glob_match(f, parts=True)) for f in forms)
+        with _timed(budget if modelopt else None, f"{key}[{k}]", e):
+            hit = any(paths.path_match(f.removeprefix("model.")) or paths.path_match(f) or (
+                modelopt and paths.glob_match(f, parts=True)) for f in forms)
         if not hit:
-            imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {catalog.name}", f"{key}[{k}]",
+            imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {model}", f"{key}[{k}]",
                      hint="SGLang matches whole dotted names (or, for ModelOpt, '*' globs over the whole name or "
                           "one dotted part); the entry excludes nothing")
 
 
-def _expert_entries(imp: Imported, catalog: Catalog, ignored: list[str], entries: list[str], key: str) -> None:
+def _expert_entries(imp: Imported, catalog: Catalog, ignored: _Listed, entries: _Listed, key: str) -> None:
     """SGLang skips a whole FusedMoE layer when any entry naming experts contains its prefix:
     one listed expert keeps every expert of that layer wide (pcc would keep that one only)."""
-    for prefix, (module, idx) in _sglang_modules(catalog, {"experts.gate_up", "experts.down"}).items():
-        direct = any(module_path_match(e, prefix) for e in ignored)
-        by_substring = [e for e in entries if "experts" in e and prefix in e and not module_path_match(e, prefix)]
-        if by_substring and not direct:
+    for prefix in _sglang_modules(catalog, {"experts.gate_up", "experts.down"}):
+        by_substring = entries.containing(prefix)
+        if by_substring and not ignored.runs_of(prefix):  # an entry naming the layer itself skips it anyway
             imp.warn("PCC803", f"{key} lists {by_substring[0]!r}; SGLang then keeps every routed expert of "
                      f"{prefix} wide (one FusedMoE module per layer), and so does the imported contract", key)
 

@@ -13,9 +13,12 @@ through `pcc import checkpoint`'s rules.
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
-from pcc.importer import Imported, ImportFailed, contract_name, read_json
+from pcc.importer import Imported, ImportFailed, bundle_file, contract_name, read_json
+from pcc.importer.bounds import integer, shown
 from pcc.importer.checkpoint import Decided, _define, decide_config, finish, load_model, method_of, rollout_rules
 from pcc.importer.matching import module_name
 from pcc.importer.rules import family_patterns, select
@@ -142,14 +145,21 @@ class Flags:
         return v[-1] if v else default
 
     def number(self, flag: str, kind, default=None):
+        """The flag's value as a count (an int from 0 to bounds.MAX_INT: Miles' integer flags are sizes,
+        lengths and steps) or a finite float; PCC801 naming the flag otherwise, never a 400-digit value
+        passed on to the contract."""
         v = self.value(flag)
         if v is None:
             return default
         try:
-            return kind(v)
+            n = kind(v) if len(v) <= 40 else None
         except ValueError:
-            raise ImportFailed(f"{self.file}: {flag} {v!r} is not a{'n integer' if kind is int else ' number'}",
-                               path=flag, file=self.file) from None
+            n = None
+        if kind is int:
+            return integer(v if n is None else n, flag, self.file, flag)
+        if n is None or not math.isfinite(n):
+            raise ImportFailed(f"{self.file}: {flag} {shown(v, 20)} is not a finite number", path=flag, file=self.file)
+        return n
 
 
 class Launch(Flags):
@@ -166,31 +176,26 @@ class Launch(Flags):
         self.expectations: Path | None = None
         self.unexpanded: list[tuple[str, Span]] = []  # words computed when the script runs
         if self.bundle is not None:
-            args = p / "miles" / "args.txt"
-            if not args.is_file():
+            args = bundle_file(p, "miles/args.txt")
+            if args is None:
                 raise ImportFailed(f"{p}: not a pcc bundle (no miles/args.txt); pass the launch script instead",
                                    file=str(p))
             self.file = str(args)
-            text = args.read_text(encoding="utf-8")
+            text = read_text(self.file, "Miles argument file")
             tokens = text.split()
-            env_file = p / "miles" / "runtime-env.json"
-            if env_file.is_file():
+            env_file = bundle_file(p, "miles/runtime-env.json")
+            if env_file is not None:
                 self.env.update(_env_vars(read_json(env_file, "runtime-env.json"), str(env_file)))
-            qc = p / "rollout" / "quantization_config.json"
-            if qc.is_file():
+            qc = bundle_file(p, "rollout/quantization_config.json")
+            if qc is not None:
                 self.quant_config, self.quant_file = read_json(qc, "quantization_config.json"), str(qc)
-            te = p / "trainer" / "te_precision.yaml"
-            self.te_file = te if te.is_file() else None
-            ex = p / "validate" / "expectations.yaml"
-            self.expectations = ex if ex.is_file() else None
+            self.te_file = bundle_file(p, "trainer/te_precision.yaml")
+            self.expectations = bundle_file(p, "validate/expectations.yaml")
         else:
-            if not p.is_file():
+            if not os.path.lexists(p):
                 raise ImportFailed(f"{source}: no such launch script, argument file or bundle", file=source)
             self.file = source
-            try:
-                text = p.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ImportFailed(f"{source}: unreadable ({exc})", file=source) from None
+            text = read_text(source, "Miles launch")
             tokens, unexpanded = _tokens(text, source)
             self.unexpanded = [(raw, span_at(source, text, at)) for raw, at in unexpanded]
         self.script, given, exports = parse_args(tokens)
@@ -206,13 +211,13 @@ class Launch(Flags):
                     self.env.update(_env_vars(json.loads(value), source))
                 except ValueError:
                     beside = p.parent / "runtime-env.json"
-                    if beside.is_file():
+                    if os.path.lexists(beside):
                         self.env.update(_env_vars(read_json(beside, "runtime-env.json"), str(beside)))
             else:
                 self.env[key] = value
         if self.bundle is None and "$(cat" in text and not self.env:
             beside = p.parent / "runtime-env.json"
-            if beside.is_file():
+            if os.path.lexists(beside):
                 self.env.update(_env_vars(read_json(beside, "runtime-env.json"), str(beside)))
 
 
@@ -250,14 +255,11 @@ def import_miles(source: str, model: str | None, hardware: str | None = None) ->
 
 
 def _rollout(imp: Imported, launch: Launch, catalog: Catalog, ckpt: str | None) -> None:
-    from pcc.importer.checkpoint import read_quant_config
+    from pcc.importer.checkpoint import dir_quant_config
 
     qc, file = launch.quant_config, launch.quant_file
     if qc is None and ckpt is not None:
-        try:
-            qc, file, _ = read_quant_config(ckpt)
-        except ImportFailed:
-            qc = None
+        qc, file, _ = dir_quant_config(Path(ckpt)) or (None, None, None)  # None: a BF16 checkpoint
     d = Decided()
     if qc is not None:
         method = method_of(qc, file)
@@ -449,7 +451,7 @@ def _precision_file(imp: Imported, launch: Flags, catalog: Catalog, recipe: str)
     if path is None:
         for base in (Path(launch.file).parent, Path(launch.file).parent.parent, Path.cwd()):
             cand = base / given.replace('"$bundle"/', "")
-            if cand.is_file():
+            if os.path.lexists(cand) and not cand.is_dir():  # a FIFO is found, and refused when read (PCC109)
                 path = cand
                 break
     if path is None:
@@ -527,14 +529,18 @@ def lora_targets(imp: Imported, catalog: Catalog, mods: str) -> list[str]:
     """Miles matches LoRA targets by module name (the last dotted part): those operators as patterns."""
     if mods == "all-linear":
         return ["linear"]
-    leaves = [m.strip() for m in mods.split(",") if m.strip()]
+    leaves = list(dict.fromkeys(m.strip() for m in mods.split(",") if m.strip()))
     ops = catalog.operators
-    chosen = {i for i, op in enumerate(ops) if op.family != "kv_cache" and module_name(op).rsplit(".", 1)[-1] in leaves}
+    named = {i: module_name(op).rsplit(".", 1)[-1] for i, op in enumerate(ops)}
+    wanted = set(leaves)
+    chosen = {i for i, op in enumerate(ops) if op.family != "kv_cache" and named[i] in wanted}
+    present = set(named.values())
     for leaf in leaves:
-        if not any(module_name(op).rsplit(".", 1)[-1] == leaf for op in ops):
-            imp.warn("PCC802", f"--target-modules {leaf}: no module of {catalog.name} has that name", "--target-modules")
+        if leaf not in present:
+            imp.warn("PCC802", f"--target-modules {shown(leaf)}: no module of {catalog.name} has that name",
+                     "--target-modules")
     if not chosen:
-        raise ImportFailed(f"--target-modules {mods}: selects no module of {catalog.name}", path="--target-modules")
+        raise ImportFailed(f"--target-modules {shown(mods)}: selects no module of {catalog.name}", path="--target-modules")
     families = {ops[i].family for i in chosen}
     scope = {i for i, op in enumerate(ops) if op.family in families}
     return select(catalog, chosen, scope)

@@ -14,6 +14,7 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from pcc.importer import Imported, ImportFailed, contract_name
+from pcc.importer.bounds import MAX_PATTERN, Budget, OverBound, count, shown
 from pcc.importer.checkpoint import _define, finish, load_model
 from pcc.importer.rules import component_rules
 from pcc.importer.yamlsource import load, read_text
@@ -164,19 +165,27 @@ def decide(pf: PrecisionFile, imp: Imported, catalog: Catalog) -> dict[int, str 
     """TE operator -> the recipe its module runs (None = BF16, UNMATCHED = the global recipe); the
     first enabled matcher whose glob matches a module path decides it, and an operator is quantized
     when one of its candidate module paths is (MLA and plain attention name different modules).
-    A matcher that decides nothing is PCC802."""
-    out: dict[int, str | None] = {}
+    A matcher that decides nothing is PCC802. Matched matcher by matcher, each against the paths no
+    earlier one took, within the import's budget (bounds.py), so a glob that never ends is named."""
+    paths = {i: megatron_paths(op) for i, op in enumerate(catalog.operators) if op.family in LINEAR}
+    left = list(dict.fromkeys(m for ms in paths.values() for m in ms))
+    count("matchers", pf.path, len(pf.matchers), len(left))
+    first: dict[str, str] = {}  # module path -> the config of the first matcher that matches it
     used: set[str] = set()
-    for i, op in enumerate(catalog.operators):
-        if op.family not in LINEAR:
-            continue
-        found = []
-        for module in megatron_paths(op):
-            # fnmatch.fnmatch, as megatron-core's GlobMatcher (case-sensitive on POSIX)
-            first = next((m for m in pf.matchers if fnmatch.fnmatch(module, m[1])), None)
-            if first is not None:
-                used.add(first[0])
-            found.append(UNMATCHED if first is None else pf.recipes[first[2]])
+    budget = Budget(pf.path)
+    for key, pattern, config in pf.matchers:
+        if len(pattern) > MAX_PATTERN:
+            raise OverBound(f"{pf.path}: matcher {key}: pattern {shown(pattern)} is longer than the {MAX_PATTERN} "
+                            "characters pcc matches", file=pf.path, span=pf.span(f"matchers.{key}.pattern"))
+        with budget.matching(f"matcher {key} ({shown(pattern)})"):
+            taken = set(fnmatch.filter(left, pattern))  # fnmatch, as megatron-core's GlobMatcher (case-sensitive on POSIX)
+        if taken:
+            used.add(key)
+            first.update(dict.fromkeys(taken, config))
+            left = [m for m in left if m not in taken]
+    out: dict[int, str | None] = {}
+    for i, modules in paths.items():
+        found = [pf.recipes[first[m]] if m in first else UNMATCHED for m in modules]
         out[i] = next((r for r in found if r not in (None, UNMATCHED)), None if None in found else UNMATCHED)
     for key, pattern, _ in pf.matchers:
         if key not in used:

@@ -19,7 +19,8 @@ import math
 import re
 from pathlib import Path
 
-from pcc.importer import Imported, ImportFailed, contract_name
+from pcc.importer import Imported, ImportFailed, bundle_file, contract_name
+from pcc.importer.bounds import MAX_INT, integer, said
 from pcc.importer.checkpoint import Decided, _define, finish, load_model, rollout_rules
 from pcc.importer.miles import Flags, lora_targets, read_expectations, trainer_rules
 from pcc.importer.rules import family_patterns
@@ -108,9 +109,11 @@ def _typed(imp: Imported, v: _View, key: str, kind):
     if kind is float and isinstance(value, float) and not math.isfinite(value):
         ok = False  # NaN or infinity: no contract states it
     if value is not None and not ok:
-        raise ImportFailed(f"{imp.source}: {key} is {value!r}; verl takes "
+        raise ImportFailed(f"{imp.source}: {key} is {said(value)}; verl takes "
                            f"{'a finite number' if kind is float else kind.__name__}",
                            path=key, file=imp.source, span=v.span(key))
+    if kind is int and value is not None:  # a size or a length: no 400-digit number reaches the contract
+        integer(value, key, imp.source, key, low=-MAX_INT - 1, span=v.span(key))
     return value
 
 
@@ -133,8 +136,8 @@ def import_verl(source: str, model: str | None, hardware: str | None = None) -> 
         imp.warn("PCC807", f"{', '.join(critic[:4])}{' ...' if len(critic) > 4 else ''}: the PPO critic's settings "
                  f"({len(critic)}); a contract states the policy's rollout and trainer, not a critic's", "critic",
                  span=job.entries[critic[0]].span)
-    bundle = Path(source) / "validate" / "expectations.yaml"
-    read_expectations(imp, bundle if bundle.is_file() else None)  # a pcc bundle's, as the Miles import reads it
+    # a pcc bundle's, as the Miles import reads it
+    read_expectations(imp, bundle_file(Path(source), "validate/expectations.yaml") if Path(source).is_dir() else None)
     for path, why in NOT_IN_A_JOB:
         if path == "expect" and "expect" in imp.contract:
             continue
@@ -206,12 +209,9 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
         d.scheme = {i: scheme for i, op in enumerate(catalog.operators) if op.family in LINEAR}
     elif quant is None and _model_dir(v) is not None:
         # a quantized checkpoint at model.path: vLLM and SGLang load it as its own config says
-        from pcc.importer.checkpoint import decide_config, read_quant_config
+        from pcc.importer.checkpoint import decide_config, dir_quant_config
 
-        try:
-            qc, file, _ = read_quant_config(_model_dir(v))
-        except ImportFailed:  # a BF16 checkpoint
-            qc = None
+        qc, file, _ = dir_quant_config(Path(_model_dir(v))) or (None, None, None)  # None: a BF16 checkpoint
         if qc is not None:
             d = decide_config(qc, file, catalog, imp)
     elif quant is not None:
@@ -257,9 +257,9 @@ def _rollout(imp: Imported, v: _View, catalog: Catalog) -> None:
     length = v.get(f"{R}.response_length")
     if length is None or (isinstance(length, str) and length.startswith("${")):
         length = _typed(imp, v, "data.max_response_length", int)  # verl: ${oc.select:data.max_response_length,512}
-    elif not isinstance(length, int) or isinstance(length, bool):
-        raise ImportFailed(f"{imp.source}: rollout.response_length {length!r} is not an integer",
-                           path=f"{R}.response_length", file=imp.source, span=v.span(f"{R}.response_length"))
+    else:
+        integer(length, "rollout.response_length", imp.source, f"{R}.response_length", low=1,
+                span=v.span(f"{R}.response_length"))
     block["max_tokens"] = length
     block["record"] = ["logprobs", "versions"] if _typed(imp, v, f"{R}.calculate_log_probs", bool) else ["versions"]
     if v.get(f"{R}.dtype") not in ("bfloat16", "bf16"):

@@ -15,7 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcc.importer import ImportFailed
+from pcc.importer import ImportFailed, bundle_file
+from pcc.importer.bounds import MAX_DEPTH, OverBound
 from pcc.importer.shell import SEP, ShellError, expand, span_at
 from pcc.importer.yamlsource import load, read_text
 from pcc.lang.diagnostics import Span
@@ -60,7 +61,7 @@ class _Value:
     """Hydra's override value grammar, for one value string."""
 
     def __init__(self, text: str):
-        self.s, self.i = text, 0
+        self.s, self.i, self.depth = text, 0, 0
 
     def fail(self, msg: str):
         raise ValueError(f"{msg} at character {self.i + 1} of {self.s!r}")
@@ -80,6 +81,15 @@ class _Value:
         return v
 
     def element(self, top: bool = False):
+        self.depth += 1
+        try:
+            return self._element(top)
+        finally:
+            self.depth -= 1
+
+    def _element(self, top: bool):
+        if self.depth > MAX_DEPTH:
+            raise OverBound(f"nests deeper than the {MAX_DEPTH} levels pcc reads, at character {self.i + 1}")
         self.ws()
         c = self.s[self.i] if self.i < len(self.s) else ""
         if c == "[":
@@ -186,8 +196,9 @@ def add_override(job: Job, word: str, span: Span | None) -> None:
     op = {"": "set", "+": "add", "++": "force", "~": "delete"}[prefix]
     try:
         value = parse_value(raw) if raw is not None else None
-    except ValueError as exc:
-        raise ImportFailed(f"{job.file}: {key}: {exc}", file=job.file, span=span, path=key) from None
+    except (ValueError, OverBound) as exc:
+        raise ImportFailed(f"{job.file}: {key}: {exc}", code=getattr(exc, "code", None), file=job.file, span=span,
+                           path=key) from None
     job.entries.pop(key, None)  # re-insert: the order of entries is the order they take effect
     job.entries[key] = Entry(value, span, op)
 
@@ -324,7 +335,7 @@ def _derived(job: Job) -> None:
     mod = job.entrypoint.removesuffix(".py").replace(".", "/") if not job.entrypoint.endswith(".py") else None
     sources = [r / f"{mod}.py" for r in (here, engine_dir())] if mod else [here / job.entrypoint]
     source = next((p for p in sources if p.is_file()), None)
-    main = re.search(r"@hydra\.main\(([^)]*)\)", source.read_text(encoding="utf-8", errors="replace")) if source else None
+    main = re.search(r"@hydra\.main\(([^)]*)\)", read_text(str(source), "verl entrypoint")) if source else None
     declared = dict(re.findall(r"(config_path|config_name)\s*=\s*[\"']([^\"']*)[\"']", main[1])) if main else {}
     name = job.config or declared.get("config_name")
     if table("verl").config(name):
@@ -391,13 +402,13 @@ def read_job(source: str) -> Job:
     pcc wrote; its launch.sh names the config), a script or an argument file."""
     p = Path(source)
     if p.is_dir():
-        over = next((c for c in (p / "verl" / "overrides.txt", p / "overrides.txt") if c.is_file()), None)
-        if over is None:
+        folder = next((f for f in ("verl/", "") if bundle_file(p, f + "overrides.txt")), None)
+        if folder is None:
             raise ImportFailed(f"{source}: no verl/overrides.txt here (a pcc bundle of a 'framework verl' contract "
                                "has one); pass the YAML config, script or argument file instead", file=source)
-        job = read_overrides(str(over))
-        launch = over.parent / "launch.sh"
-        if launch.is_file():
+        job = read_overrides(str(p / folder / "overrides.txt"))
+        launch = bundle_file(p, folder + "launch.sh")
+        if launch is not None:
             job.config = read_overrides(str(launch)).config
         return job
     if p.suffix in (".yaml", ".yml"):

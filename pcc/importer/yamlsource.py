@@ -11,7 +11,8 @@ import os
 
 import yaml
 
-from pcc.importer import ImportFailed
+from pcc.importer import ImportFailed, input_failed
+from pcc.importer.bounds import MAX_DEPTH, OverBound
 from pcc.lang.diagnostics import Span
 from pcc.lang.inputs import InputError, read_bytes
 
@@ -28,7 +29,7 @@ def read_text(path: str, what: str) -> str:
     try:
         return read_bytes(path, MAX_BYTES, what).decode("utf-8")
     except InputError as exc:
-        raise ImportFailed(str(exc), code=exc.code if exc.reason == "kind" else None, file=path) from None
+        raise input_failed(exc, path) from None
     except UnicodeDecodeError as exc:
         raise ImportFailed(f"{path}: unreadable {what} ({exc})", file=path) from None
 
@@ -37,9 +38,28 @@ def span_at(file: str, mark) -> Span:
     return Span(file, mark.line + 1, mark.column + 1)
 
 
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing nesting past bounds.MAX_DEPTH as it composes (PCC811 at the node): its
+    composer recurses once per level, so a deep document would otherwise end in a RecursionError."""
+
+    def __init__(self, text: str, file: str, what: str):
+        super().__init__(text)
+        self.file, self.what, self.depth = file, what, 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise OverBound(f"{self.file}: nests deeper than the {MAX_DEPTH} levels pcc reads ({self.what})",
+                                file=self.file, span=span_at(self.file, self.peek_event().start_mark))
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
     """(the document as plain Python values, dotted path -> Span of its value; list items `a[0]`)."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text, file, what)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -56,19 +76,22 @@ def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
 
     walked, open_ = [0], set()
 
-    def walk(n, path: str):
+    def walk(n, path: str, level: int = 0):
         walked[0] += 1
+        if level > MAX_DEPTH:  # aliases nest what each definition does not
+            raise OverBound(f"{file}: {path} nests deeper than the {MAX_DEPTH} levels pcc reads ({what})", file=file,
+                            span=span_at(file, n.start_mark), path=path)
         if walked[0] > MAX_NODES or id(n) in open_:
             why = (f"YAML aliases expand the document past {MAX_NODES} nodes" if walked[0] > MAX_NODES
                    else "a YAML alias refers to the node that contains it")
             raise ImportFailed(f"{file}: {why} ({what})", file=file, span=span_at(file, n.start_mark))
         open_.add(id(n))
         try:
-            return _walk(n, path)
+            return _walk(n, path, level + 1)
         finally:
             open_.discard(id(n))
 
-    def _walk(n, path: str):
+    def _walk(n, path: str, level: int):
         spans[path] = span_at(file, n.start_mark)
         plain = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}.get(type(n))
         if plain is not None and n.tag != plain:
@@ -87,13 +110,16 @@ def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
                                        span=span_at(file, k.start_mark), path=f"{path}.{key}".lstrip("."))
                 sub = f"{path}.{key}" if path else key
                 spans[sub + "@key"] = span_at(file, k.start_mark)
-                out[key] = walk(v, sub)
+                out[key] = walk(v, sub, level)
             return out
         if isinstance(n, yaml.SequenceNode):
-            return [walk(v, f"{path}[{i}]") for i, v in enumerate(n.value)]
+            return [walk(v, f"{path}[{i}]", level) for i, v in enumerate(n.value)]
         try:
             return loader.construct_object(n)
         except yaml.constructor.ConstructorError as exc:
             raise ImportFailed(f"{file}: {exc.problem} ({what})", file=file, span=span_at(file, n.start_mark)) from None
 
-    return walk(node, ""), spans
+    try:
+        return walk(node, ""), spans
+    except RecursionError:  # YAML merge keys (<<) chained through many anchors
+        raise OverBound(f"{file}: merges or aliases nest deeper than pcc reads ({what})", file=file) from None

@@ -129,4 +129,6 @@ CODES: dict[str, Code] = {
     "PCC808": Code("warning", "a contract field the source does not carry"),
     "PCC809": Code("warning", "a launch that contradicts its checkpoint"),
     "PCC810": Code("warning", "a source key its tool does not have"),
+    "PCC811": Code("error", "a source past the import's bounds"),
+    "PCC812": Code("error", "a bundle file outside its bundle"),
 }
