@@ -214,3 +214,13 @@ def test_published_launch(case, tmp_path):
 def test_every_copy_is_expected():
     """expected.json names exactly the copies here (a script added or removed updates both)."""
     assert sorted(EXPECTED) == CASES
+
+
+def test_the_docs_list_every_launch_tested():
+    """docs/import-launches.md is what tools/launch_table.py writes from expected.json."""
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "launch_table.py"
+    assert subprocess.run([sys.executable, str(tool), "--check"], timeout=60).returncode == 0, \
+        "docs/import-launches.md is stale: run python tools/launch_table.py"
