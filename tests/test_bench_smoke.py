@@ -55,3 +55,8 @@ def test_html_map_bench_renders_both_pages(tmp_path):
     rows = {line.split("  ")[0] for line in out.splitlines()}
     assert {"precision map (pcc)", "per-tensor table (baseline)"} <= rows and "render (painted): " in out
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lsp_bench_beside_a_check_process():
+    out = _run("lsp.py", "--rounds", "1", "contracts/tiny_cpu.prec")
+    assert any(line.startswith("tiny_cpu.prec") and line.count("s") >= 2 for line in out.splitlines())
