@@ -17,10 +17,12 @@ draws the same grids with the changed cells marked.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 from pcc.models import FAMILIES
 from pcc.plan.explain import LABEL, explain
@@ -344,9 +346,25 @@ def grids_html(data: dict) -> str:
         'scheme and rule; click it to keep the details here and list every tensor.</p></aside></div>')
 
 
+def plots_html(folder: Path, titles: dict[str, str]) -> str:
+    """The PNG plots a run or validation wrote into `folder`, inlined (the page fetches nothing)."""
+    figures = [f'<figure class="plot"><img alt="{esc(titles.get(p.name, p.stem))}" src="data:image/png;base64,'
+               f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{esc(titles.get(p.name, p.stem))}'
+               f' <code>{esc(p.name)}</code></figcaption></figure>' for p in sorted(folder.glob("*.png"))
+               if p.is_file() and not p.is_symlink()]
+    return "".join(figures) or '<p class="muted">no plots (matplotlib missing, or --no-plots)</p>'
+
+
+def run_page(plan: Plan, diagnostics: list, folder: Path, titles: dict[str, str], file: str, what: str) -> str:
+    """A run's page (`pcc run`/`pcc validate --format html`): the precision map of the plan that ran
+    and the PNG plots the run wrote into `folder`."""
+    extra = f'<section><h2>Plots: {esc(what)} in <code>{esc(folder)}</code></h2>{plots_html(folder, titles)}</section>'
+    return page(plan, None, [d.to_json() for d in diagnostics], None, file, extra)
+
+
 def page(plan: Plan, info: dict | None = None, diagnostics: list[dict] | None = None,
-         sources: dict[str, str] | None = None, file: str | None = None) -> str:
-    """The precision map of one resolved contract."""
+         sources: dict[str, str] | None = None, file: str | None = None, extra: str = "") -> str:
+    """The precision map of one resolved contract; `extra`: sections after it (a run's plots)."""
     info = info if info is not None else explain(plan)
     data = grid_data(plan, info, sources)
     data["kind"] = "explain"
@@ -359,7 +377,8 @@ def page(plan: Plan, info: dict | None = None, diagnostics: list[dict] | None = 
             f'<section><h2>Layers x operator families, per component</h2>{grids_html(data)}</section>'
             f'<section><h2>One weight version: bytes per representation</h2>{bytes_chart(info["representations"])}'
             f'</section><section><h2>Rules</h2>{rules_html(plan, data)}</section>'
-            f'<section><h2>Diagnostics (pcc check)</h2>{diagnostics_html(diagnostics or [], sources)}</section>')
+            f'<section><h2>Diagnostics (pcc check)</h2>{diagnostics_html(diagnostics or [], sources)}</section>'
+            + extra)
     return document(f"pcc precision map: {info['contract']}", data, body)
 
 
@@ -376,6 +395,7 @@ vertical-align:top}th{font-weight:600;color:var(--muted)}.num{text-align:right;f
 .marks{color:var(--muted)}.mark{margin-right:18px;white-space:nowrap}.mark i{display:inline-block;
 vertical-align:middle}
 #grids{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}
+.plot{display:inline-block;margin:0 18px 18px 0}.plot img{max-width:640px;border:1px solid var(--line)}
 .grid{margin:0}.grid figcaption{font-weight:600;margin-bottom:4px}.summary{display:block;font-weight:400;
 color:var(--muted);font-size:12px;max-width:calc(var(--cols,14)*var(--cell) + 60px)}
 .cells{display:grid;grid-auto-rows:var(--cell);gap:1px;min-height:40px}

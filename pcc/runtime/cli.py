@@ -75,6 +75,8 @@ def register(sub) -> None:
     g.add_argument("--force", action="store_true", help="start the run in --out again, deleting its metrics and "
                    "checkpoints (never a directory of other files)")
     s.add_argument("--no-plots", action="store_true", help="skip the PNG plots (they need matplotlib)")
+    s.add_argument("--format", choices=("text", "html"), default="text",
+                   help="html: also write DIR/index.html, the contract's precision map with the run's plots")
     s.add_argument("--inject-fault", metavar="KIND:VERSION:TENSOR",
                    help="fault injection: drop or corrupt one tensor of one version's transfer")
     s.add_argument("--crash-at", type=bounded("crash_at"), metavar="STEP", help="fault injection: crash in STEP, after its rollout")
@@ -158,7 +160,7 @@ def _fault(text: str | None):
 # The embedded runtime's own flags, at their defaults: a launcher target (miles, verl) takes none of them
 EMBEDDED_ONLY = {"model": "auto", "seed": 0, "prompts": None, "group": None, "lr": None, "temperature": None,
                  "steps": 30, "out": None, "resume": False, "force": False, "no_plots": False, "inject_fault": None,
-                 "crash_at": None}
+                 "crash_at": None, "format": "text"}
 
 
 def cmd_run(args, rep) -> int:
@@ -169,6 +171,18 @@ def cmd_run(args, rep) -> int:
             raise rep.usage(f"{flag}: a flag of the embedded runtime, which --target {args.target} does not run; "
                             "the job's own settings go after '--' (or in its job file)")
     return RUN_TARGETS[args.target](args, rep)
+
+
+def _page(compiled, out, contract: str):
+    """DIR/index.html: the precision map and the run's plots (pcc.plan.html_map)."""
+    from pcc.lang.outputs import write_atomic
+    from pcc.plan.html_map import run_page
+
+    from .plots import CURVES
+
+    titles = {f"{name}.png": name.replace("_", " ") for name, _, _ in CURVES}
+    write_atomic(out / "index.html", run_page(compiled.plan, compiled.diagnostics, out, titles, contract, "pcc run"))
+    return out / "index.html"
 
 
 def _run_embedded(args, rep) -> int:
@@ -210,6 +224,8 @@ def _run_embedded(args, rep) -> int:
     rep.result = summary
     rep.say(render(summary))
     rep.say(f"run directory: {out}")
+    if args.format == "html":
+        rep.say(f"page: {_page(c, out, args.contract)}")
     if summary["error"]:
         return rep.fail(summary["error"])
     return 0

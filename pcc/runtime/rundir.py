@@ -22,7 +22,7 @@ from pcc.lang.diagnostics import PccError
 from pcc.lang.inputs import InputError, read_json
 
 RUN_JSON = "run.json"
-RUN_FILES = (RUN_JSON, "metrics.jsonl", "summary.json", "summary.txt")
+RUN_FILES = (RUN_JSON, "metrics.jsonl", "summary.json", "summary.txt", "index.html")  # index.html: --format html
 RUN_DIRS = ("checkpoint", "model", "rollout")
 # RunConfig fields a resumed run must share with the run it continues (steps may grow; faults are one-off).
 SETTINGS = ("seed", "prompts", "group", "lr", "temperature", "digits", "eps", "ref_coef", "bucket_bytes", "warm",

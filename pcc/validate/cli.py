@@ -27,6 +27,8 @@ def register(sub) -> None:
                    help="self-test: inject a known fault (scale_layout, accumulation, swapped_expert, "
                         "inactive_adapter, mixed_version)")
     s.add_argument("--no-plots", action="store_true")
+    s.add_argument("--format", choices=("text", "html"), default="text",
+                   help="html: also write DIR/index.html, the contract's precision map with the ladder's plots")
     s.add_argument("--json", action="store_true", help="print one JSON envelope on stdout, report.json its "
                    "result (docs/cli.md)")
     s.set_defaults(fn=cmd_validate)
@@ -74,4 +76,16 @@ def cmd_validate(args, rep) -> int:
                       + (f"; localizes {lv['localizes']}" if lv["localizes"] else ""), echo=False)
         rep.say(line)
     rep.say(f"report: {out / 'report.md'}")
+    if args.format == "html":
+        from pcc.lang.outputs import write_atomic
+        from pcc.lower import compile_file
+        from pcc.plan.html_map import run_page
+
+        from .report import PLOT_TITLES
+
+        compiled = compile_file(rep.contract_file(args.contract))
+        if compiled.plan is not None:
+            write_atomic(out / "index.html", run_page(compiled.plan, compiled.diagnostics, out, PLOT_TITLES,
+                                                      args.contract, "pcc validate"))
+            rep.say(f"page: {out / 'index.html'}")
     return 0 if report["ok"] else 1
