@@ -134,7 +134,8 @@ def test_te_import_of_a_matcher_whose_config_is_not_a_name(tmp_path, config, cap
 
 @pytest.mark.parametrize("line, value, words", [
     ("      tensor_model_parallel_size: 2", "0", "trainer.parallel.tp 0"),
-    ("    tensor_model_parallel_size: 4", "99999999999999999999", "rollout.parallel.tp"),
+    ("    tensor_model_parallel_size: 4", "99999999999999999999",  # named by its verl key (importer bounds)
+     "rollout.tensor_model_parallel_size '99999999999999999999' is not an integer"),
     ("  max_response_length: 4096", "-1", "rollout.max_tokens -1"),
     ("    rollout_is_threshold: 2.5", "-1", "correction.clip"),
     ("    rollout_is_threshold: 2.5", ".nan", "finite number"),
