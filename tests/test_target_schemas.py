@@ -55,6 +55,7 @@ def _nested_typo(t):
     ("sglang", _top_level_typo, "<top>"),
     ("engines", _wrong_kind, "target.sglang.versioning"),
     ("verl", _nested_typo, "megatron_args.--fp8-format"),
+    ("nemo_rl", _nested_typo, "megatron_args.--fp8-format"),
 ])
 def test_a_broken_table_fails(name, break_it, where):
     table = copy.deepcopy(target_table(name))

@@ -123,6 +123,9 @@ LAUNCH_README = {
     "verl": "Launch on verl: `verl/launch.sh [HYDRA OVERRIDES...]` or `pcc run . --target verl -- OVERRIDES...` "
             "(a `job` file beside the bundle adds the job's overrides, one per line: its data, "
             "`actor_rollout_ref.model.path` and batch sizes; later overrides win).\n",
+    "nemo_rl": "Launch on NeMo RL: set `NEMO_RL_DIR` (a checkout at the pinned tag), then `nemo_rl/launch.sh "
+               "[HYDRA OVERRIDES...]` or `pcc run . --target nemo_rl -- OVERRIDES...` (a `job` file beside the bundle "
+               "adds the job's overrides, one per line: `policy.model_name`, data, `grpo.*`, `cluster.*`; later win).\n",
 }
 
 

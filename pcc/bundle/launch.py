@@ -318,6 +318,59 @@ def verl_missing(env: dict[str, str]) -> list[str]:
     return job + [f"{m} is not importable by {python}: {how[m]}" for m in gone]
 
 
+def nemo_rl_launch(source: str, bundle: Path, extra: list[str]) -> Launch:
+    """`uv run python examples/run_grpo.py --config RECIPE` in $NEMO_RL_DIR, RECIPE being the bundle's
+    nemo_rl/config.yaml under `defaults:` the pinned example recipe, then the job file's Hydra overrides and
+    `extra` (later win), as nemo_rl/launch.sh runs it; the environment travels in megatron_cfg.env_vars."""
+    import yaml
+
+    from pcc.lower.nemo_rl import CONFIG_FILE, JOB_VARIABLE as NEMO_JOB_VARIABLE, LAUNCH, contract_field, flatten, tables
+
+    tab = tables()
+    base = tab["base_config"][read_json(bundle / "plan.json", what="plan")["trainer"]["engine"]]
+    own = flatten(yaml.safe_load((bundle / CONFIG_FILE).read_text()) or {})
+    runtime_env = {k.rsplit(".", 1)[1]: str(v) for k, v in own.items() if k.startswith("policy.megatron_cfg.env_vars.")}
+    env = {k: v for k, v in os.environ.items() if k != "PCC_DRY_RUN"}
+    job, job_args = _job(source, env, NEMO_JOB_VARIABLE, override_lines)
+    for where, args in (("job file", job_args), ("command line", extra)):
+        for a in args:
+            if a == "--config" or a.startswith("--config="):
+                raise PccError(f"the {where} sets {shown(a)}: the contract owns NeMo RL's recipe ({CONFIG_FILE} over "
+                               f"examples/configs/{base}); change the contract and recompile", code="PCC716")
+    nemo = os.environ.get("NEMO_RL_DIR")
+    recipe = "<recipe: defaults " + (nemo or "<NEMO_RL_DIR>") + f"/examples/configs/{base} + {bundle / CONFIG_FILE}>"
+    bundle_keys = {k: [str(v)] for k, v in own.items()}
+    changed = overrides(bundle_keys, job_args, "job", hydra_keys) + overrides(bundle_keys, extra, "command line",
+                                                                            hydra_keys)
+    for o in changed:
+        o["field"] = contract_field(o["flag"])
+    command = ["uv", "run", "python", tab["entry"], "--config", recipe, *job_args, *extra]
+    document = {"command": command, "env": runtime_env, "cwd": nemo, "launch": str(bundle / LAUNCH),
+                "base_config": base, "config": str(bundle / CONFIG_FILE), "job": str(job) if job else None,
+                "job_args": job_args, "extra_args": extra, "overrides": changed}
+    comments = ["# environment (policy.megatron_cfg.env_vars: the Megatron policy's workers)"]
+    comments += [f"{k}={shell_word(v)}" for k, v in runtime_env.items()]
+    comments += _job_comments(job, NEMO_JOB_VARIABLE, changed)
+    comments.append(f"# NeMo RL {tab['version']} from NEMO_RL_DIR={shown(nemo or '<NEMO_RL_DIR>', shlex.quote)}, "
+                    f"as {LAUNCH} runs it; the job's overrides follow the recipe")
+    return Launch(command, bundle / LAUNCH, env, document, comments, lambda: nemo_rl_missing(env))
+
+
+def nemo_rl_missing(env: dict[str, str]) -> list[str]:
+    """What nemo_rl/launch.sh cannot start without, each with how to get it."""
+    from pcc.lower.nemo_rl import JOB_VARIABLE as NEMO_JOB_VARIABLE, tables
+
+    out = _job_missing(env, NEMO_JOB_VARIABLE, "Hydra overrides, one per line")
+    nemo = env.get("NEMO_RL_DIR")
+    if not nemo:
+        out.append(f"NEMO_RL_DIR is not set: clone NVIDIA-NeMo/RL (tag v{tables()['version']}) and set it")
+    elif not (Path(nemo) / tables()["entry"]).is_file():
+        out.append(f"NEMO_RL_DIR={nemo} has no {tables()['entry']}: clone NVIDIA-NeMo/RL there")
+    if shutil.which("uv", path=env.get("PATH")) is None:
+        out.append("uv is not on PATH (NeMo RL runs through uv): pip install uv")
+    return out
+
+
 def _only_listed(bundle: Path, framework: str, name: str, listed: set[str]) -> None:
     """A launch runs only what the manifest lists: a FRAMEWORK/ folder added to a bundle after compile (verl/
     beside a Miles bundle's miles/), or a file dropped into one, is refused (PCC706), never run."""
@@ -332,7 +385,7 @@ def _only_listed(bundle: Path, framework: str, name: str, listed: set[str]) -> N
                    f"(added after compile), and a launch runs only what pcc compiled; {why}", code="PCC706")
 
 
-LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch)}
+LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch), "nemo_rl": ("NeMo RL", nemo_rl_launch)}
 
 
 def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra: list[str] | None = None) -> int:

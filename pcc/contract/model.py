@@ -175,7 +175,7 @@ class Contract(_Model):
     model: ModelRef | None = None
     hardware: str | None = None
     # the stack that launches trainer and rollout; None: Miles for Megatron + SGLang, else none (`runs_on`)
-    framework: Literal["miles", "verl"] | None = None
+    framework: Literal["miles", "verl", "nemo_rl"] | None = None
     schemes: dict[str, Scheme] = Field(default_factory=dict)
     rollout: Rollout = Rollout()
     trainer: Trainer = Trainer()

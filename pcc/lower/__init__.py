@@ -134,6 +134,7 @@ TARGET_MODULES = {
     "expectations": "pcc.lower.expectations",
     "miles": "pcc.lower.miles",
     "verl": "pcc.lower.verl",
+    "nemo_rl": "pcc.lower.nemo_rl",
 }
 _TARGETS: dict[str, Target] = {}
 
@@ -160,7 +161,7 @@ def targets_for(plan: Plan) -> tuple[str, ...]:
     the one it names, else Miles for Megatron + SGLang)."""
     c = plan.contract
     names = [c.rollout.engine]
-    if not (c.trainer.engine == "fsdp" and c.runs_on == "verl"):  # verl configures its own FSDP actor
+    if not (c.trainer.engine == "fsdp" and c.runs_on in ("verl", "nemo_rl")):  # they configure their own FSDP
         names.append(c.trainer.engine)
     names += ["converter", "expectations"]
     if c.runs_on is not None:

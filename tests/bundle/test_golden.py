@@ -2,8 +2,8 @@
 
 Update after an intended change (then review the diff):
     PCC_UPDATE_GOLDEN=1 python -m pytest tests/bundle/test_golden.py
-contracts/vllm/X.prec, contracts/verl/X.prec and contracts/fsdp/X.prec have theirs in golden/vllm/X,
-golden/verl/X and golden/fsdp/X.
+contracts/vllm/X.prec, contracts/verl/X.prec, contracts/nemo_rl/X.prec and contracts/fsdp/X.prec have theirs in golden/vllm/X,
+golden/verl/X, golden/nemo_rl/X and golden/fsdp/X.
 Files over 64 KiB (the resolved plan and the converter plan of large models) are kept as
 their sha256, so the repository stays small; everything else is compared as text.
 """
@@ -20,7 +20,7 @@ from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
-CONTRACTS = sorted(p for d in ("", "vllm", "verl", "fsdp") for p in (ROOT / "contracts" / d).glob("*.prec"))
+CONTRACTS = sorted(p for d in ("", "vllm", "verl", "nemo_rl", "fsdp") for p in (ROOT / "contracts" / d).glob("*.prec"))
 LARGE = 64 << 10
 
 
