@@ -34,6 +34,8 @@ _QDQ = {("placement", "trainer.fp8_recipe")}  # the fp8 recipe a plan of QDQ GEM
 _FRAMEWORK = {("placement", "framework")}  # a contract that names no framework comes back 'framework verl'
 NOT_CARRIED = {
     "bf16_baseline": _EXPECT | _FRAMEWORK,
+    "nemo_rl/bf16_baseline": _EXPECT | _FRAMEWORK,  # a 'framework nemo_rl' contract, lowered to verl and back
+    "nemo_rl/fp8_block": _EXPECT | _ALL | _FRAMEWORK,
     "verl/bf16_baseline": _EXPECT,
     "verl/miles_mode1": _EXPECT,
     "verl/tiny_cpu": _EXPECT | _FWD | _QDQ | _CPU,
