@@ -133,6 +133,26 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
             flag("vllm", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
+def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
+    """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC632 on
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC633."""
+    tab = tables()["cpu"]
+    for s in settings:
+        if s.key in tab["refused_flags"]:
+            refuse("PCC632", f"vLLM's CPU build (hardware cpu) does not start with {s.key}: "
+                   f"{' '.join(tab['refused_flags'][s.key].split())}", s.path,
+                   hint="run the rollout on a GPU ('rollout vllm { hardware H100 }'), or drop what asks for "
+                        "the flag ('routing replay none', no 'record experts')")
+    c = plan.contract
+    if plan.catalog.is_moe and c.sync.moves == "full_weights":
+        caveats.append(Unsupported(
+            f"vLLM's CPU build corrupts a MoE model's routed experts when weights are reloaded into it, which "
+            f"every full-weights sync does (/collective_rpc reload_weights): "
+            f"{' '.join(tab['moe_weight_reload'].split())}", "PCC633", "sync",
+            "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
+            "run the rollout on a GPU"))
+
+
 def _expert_layout(plan: Plan) -> str:
     for i, op in enumerate(plan.catalog.operators):
         if op.family.startswith("experts."):
@@ -191,6 +211,8 @@ def lower_vllm(plan: Plan) -> Lowered:
         notes.append("VLLM_BATCH_INVARIANT=1: the contract asks for a deterministic rollout (batch-invariant "
                      "kernels; slower)")
     out.settings += routed_experts(plan, "vllm", notes)
+    if plan.hardware("rollout") == "cpu":
+        _cpu_build(plan, out.settings, caveats)
     lora = c.trainable.kind == "lora"
     if lora:
         out.settings += _lora(plan, layout, notes, caveats)

@@ -336,3 +336,43 @@ def test_launch_script_passes_the_generation_cap_as_one_argument(tmp_path):
     argv = out.stdout.decode().split("\0")[:-1]
     assert argv[argv.index("--override-generation-config") + 1] == '{"max_new_tokens": 256}'
     assert argv == [*SERVER_MODULE, str(ckpt), *low.args, "LORA="]
+
+
+CPU_MOE = """contract c {
+  model tiny_moe
+  hardware HW
+  rollout vllm {
+    linear : bf16
+  }
+  routing replay REPLAY
+  sync full_weights { schedule colocated bridge bf16 activation atomic }
+}
+"""
+
+
+@pytest.mark.parametrize("hardware, replay, refused, warned", [
+    ("cpu", "rollout", ["PCC632"], None),  # refused: the lowering stops, its warnings with it
+    ("cpu", "none", [], ["PCC633"]),
+    ("H100", "rollout", [], []),
+])
+def test_vllm_cpu_build_facts(tmp_path, hardware, replay, refused, warned):
+    """`hardware cpu` is vLLM's CPU build: --enable-return-routed-experts, which it refuses at start, is PCC632 on
+    routing replay (not a server that does not start), and a full-weights sync into a MoE model, whose reload
+    it corrupts, PCC633 on sync; neither on a GPU (targets/vllm.yaml `cpu`)."""
+    plan = _plan_text(tmp_path, CPU_MOE.replace("HW", hardware).replace("REPLAY", replay))
+    try:
+        low = lower(plan, "vllm")
+    except Unsupported as exc:
+        found = getattr(exc, "found", [exc])
+        assert [u.code for u in found] == refused and found[0].path == "routing_replay"
+        assert "Model Runner V2" in found[0].message and "_verify_aux_output_compatibility" in found[0].message
+        return
+    assert not refused
+    assert [c.code for c in low.caveats] == warned
+    if warned:
+        assert low.caveats[0].path == "sync" and "process_weights_after_loading" in low.caveats[0].message
+
+
+def test_flags_the_cpu_build_refuses_are_vllm_flags():
+    flags = json.loads((ROOT / "targets" / "vllm_flags.json").read_text())["flags"]
+    assert set(tables()["cpu"]["refused_flags"]) <= set(flags)
