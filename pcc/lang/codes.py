@@ -99,7 +99,7 @@ CODES: dict[str, Code] = {
     "PCC629": Code("error", "a sync verl's main_ppo does not run"),
     "PCC630": Code("error", "a contract Miles cannot launch"),
     "PCC631": Code("error", "context parallelism a target does not lower"),
-    "PCC632": Code("error", "an engine flag vLLM's CPU build refuses"),
+    "PCC632": Code("warning", "an engine flag vLLM's CPU build refuses"),
     "PCC633": Code("warning", "a full-weights sync into a MoE model on vLLM's CPU build"),
     "PCC640": Code("error", "a trainer precision torchao cannot train"),
     "PCC641": Code("error", "trainer state FSDP2 cannot hold"),

@@ -135,14 +135,18 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
 
 def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
     """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC632 on
-    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC633."""
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC633.
+    Both are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
+    to for pcc's own CPU runtime, whose engine is not vLLM's CPU build, and that contract must still compile
+    (pcc convert writes its rollout checkpoint)."""
     tab = tables()["cpu"]
     for s in settings:
         if s.key in tab["refused_flags"]:
-            refuse("PCC632", f"vLLM's CPU build (hardware cpu) does not start with {s.key}: "
-                   f"{' '.join(tab['refused_flags'][s.key].split())}", s.path,
-                   hint="run the rollout on a GPU ('rollout vllm { hardware H100 }'), or drop what asks for "
-                        "the flag ('routing replay none', no 'record experts')")
+            caveats.append(Unsupported(
+                f"vLLM's CPU build (hardware cpu) does not start with {s.key}, which the bundle's "
+                f"launch_vllm.sh passes: {' '.join(tab['refused_flags'][s.key].split())}", "PCC632", s.path,
+                "run the rollout on a GPU ('rollout vllm { hardware H100 }'), or drop what asks for the flag "
+                "('routing replay none', no 'record experts')"))
     c = plan.contract
     if plan.catalog.is_moe and c.sync.moves == "full_weights":
         caveats.append(Unsupported(
