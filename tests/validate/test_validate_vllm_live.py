@@ -111,15 +111,16 @@ def _side_folder() -> Path:
 
 
 def write_model(out: Path) -> Path:
-    """A random-weight Qwen3 (2 layers, hidden 128, vocab 512) in BF16, and a word-level tokenizer of
-    its 512 ids, as a Hugging Face checkpoint."""
+    """A random-weight Qwen3 (2 layers, hidden 128, vocab 512, Qwen3's RoPE base 1e6, which transformers 5
+    writes under rope_parameters) in BF16, and a word-level tokenizer of its 512 ids, as a Hugging Face
+    checkpoint."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                      tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=1,
+                      tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=1,
                       eos_token_id=3)
     torch.manual_seed(0)
     Qwen3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
