@@ -38,7 +38,7 @@ VALIDATE_S = 300
 # v1/worker/cpu_worker.py _should_warm_up_model), short contexts, no torch.compile
 SERVER_ARGS = ["--kv-cache-memory-bytes", str(256 << 20), "--max-model-len", "256", "--enforce-eager"]
 
-# BF16 on both sides; the bound is one BF16 ulp of the logits the scored tokens see (docs/validate.md)
+# BF16 on both sides; the bound is two BF16 ulps of the logits the scored tokens see (docs/validate.md)
 BF16 = """contract live-bf16 {{
   model from "{model}"
   hardware cpu
@@ -89,7 +89,7 @@ LORA = """contract live-lora {{
   }}
 }}
 """
-BOUND = 0.0625  # one BF16 ulp at |logit| in [8, 16) (docs/validate.md, "A real vLLM")
+BOUND = 0.125  # two BF16 ulps at |logit| in [8, 16) (docs/validate.md, "A real vLLM")
 
 
 def _missing(why: str):
