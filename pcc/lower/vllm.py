@@ -165,7 +165,7 @@ def _expert_layout(plan: Plan) -> str:
 
 
 @target("vllm", honours=("rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
-                          "rollout.max_tokens", "trainable", "routing_replay"))
+                          "rollout.max_tokens", "rollout.hardware", "trainable", "routing_replay"))
 def lower_vllm(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
     if c.rollout.engine != "vllm":
