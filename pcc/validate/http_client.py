@@ -47,6 +47,7 @@ class HttpClient:
     def __init__(self, url: str, versions_dir: Path, plan, arch, timeout: float = TIMEOUT):
         self.url, self.dir, self.plan, self.arch, self.timeout = url.rstrip("/"), Path(versions_dir), plan, arch, timeout
         self.installed: dict[int, tuple[Version, Path]] = {}
+        self.installs = 0  # every install gets its own directory, even a version installed again
         self.manifests: dict[int, dict] = {}
         self.lora: str | None = None
         self.name = f"{self.server.lower()} {self.url}"
@@ -115,7 +116,11 @@ class HttpClient:
 
         from pcc.lower.converter import converter_plan
 
-        d = self.dir / f"v{version.version}-{len(self.installed)}"
+        # A directory per install, never reused: a version installed again (level 6 sends a partial and a
+        # damaged copy of version N before the real one) must not overwrite a copy the server may have
+        # loaded, and vLLM names an adapter after it (a reused name is HTTP 400 "already been loaded").
+        self.installs += 1
+        d = self.dir / f"v{version.version}-{self.installs}"
         d.mkdir(parents=True, exist_ok=True)
         if version.moves == "adapter":
             tensors = {f"base_model.model.{k}": v.contiguous() for k, v in version.tensors.items()}

@@ -171,12 +171,17 @@ class VllmEngine(HttpClient):
     def activate(self, version: int) -> None:
         v, d = self._installed(version)
         if v.moves == "adapter":
+            # one name per install directory (HttpClient.install never reuses one): vLLM refuses to load a
+            # name it holds (HTTP 400 "has already been loaded ... set 'load_inplace' to True",
+            # openai/models/serving.py _check_load_lora_adapter_request), and an in-place reload from the same
+            # path keeps prefix-cache blocks of the old weights (serving.py load_lora_adapter)
             name = f"pcc-v{version}-{d.name}"
-            r = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(d)}, text=True)
-            if isinstance(r, dict):
-                if _no_route(r):
-                    self._ok("/v1/load_lora_adapter", r)
-                raise ActivationRefused(f"load_lora_adapter {name}: {r['message']}")
+            if name != self.lora:  # the active adapter again: nothing to load
+                r = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(d)}, text=True)
+                if isinstance(r, dict):
+                    if _no_route(r):
+                        self._ok("/v1/load_lora_adapter", r)
+                    raise ActivationRefused(f"load_lora_adapter {name}: {r['message']}")
             self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
             old, self.lora = self.lora, name
             if old is not None and old != name:

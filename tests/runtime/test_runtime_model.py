@@ -64,6 +64,30 @@ def test_logits_match_transformers(name):
     assert float((ref.argmax(-1) == mine.argmax(-1)).float().mean()) > 0.97
 
 
+def test_rope_base_from_a_transformers_5_config(tmp_path):
+    """transformers 5 writes a Qwen3's RoPE base under rope_parameters, with no top-level rope_theta: the runtime
+    reads it there (it read the default 10000 for a Qwen3 saved so, whose base is 1e6; issue 28's live vLLM
+    checkpoint is written this way), and the logits match transformers' on that checkpoint."""
+    import json
+
+    hc = transformers.Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, rope_theta=1e6,
+                                  tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(hc).float().eval()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_theta" not in saved and saved["rope_parameters"]["rope_theta"] == 1e6  # transformers 5's form
+    arch = Arch.from_catalog(catalog_from_checkpoint(tmp_path))
+    assert arch.theta == 1e6
+    toks = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(1))
+    w = {k: v.float() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        ref = torch.log_softmax(model(toks).logits.float(), -1)
+        mine = torch.log_softmax(forward(arch, _Plain(w), toks)[0], -1)
+    assert float((ref - mine).abs().max()) < 0.05  # BF16 activations between kernels, FP32 transformers
+
+
 @pytest.mark.parametrize("name", ["tiny_moe", "tiny_shared_moe"])  # tiny_shared_moe: the MLA latent cache
 def test_kv_cache_decode_equals_full_forward(name):
     cat = load_catalog(name)

@@ -215,3 +215,57 @@ def test_a_vllm_server_without_dev_mode_says_so(tmp_path):
         with pytest.raises(EngineError, match=r"only when started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True") as exc:
             e.activate(1)
         assert not isinstance(exc.value, ActivationRefused)  # a missing endpoint is not a verdict on the version
+
+
+def _adapter_server(loaded: set, calls: list):
+    """vLLM's adapter endpoints as its serving.py answers them: a name it holds is refused (HTTP 400)."""
+    import json
+
+    def reply(conn, stop, req):
+        head, _, body = req.partition(b"\r\n\r\n")
+        size = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+        while len(body) < size:  # the body may come in a later packet
+            body += conn.recv(65536)
+        path = head.split(b" ", 2)[1].decode().split("?")[0]
+        doc = json.loads(body or b"{}")
+        calls.append((path, doc.get("lora_name")))
+        if path == "/v1/load_lora_adapter":
+            if doc["lora_name"] in loaded and not doc.get("load_inplace"):
+                msg = (f"The lora adapter '{doc['lora_name']}' has already been loaded. If you want to load the "
+                       "adapter in place, set 'load_inplace' to True.")
+                conn.sendall(_http("400 Bad Request", json.dumps({"error": {"message": msg, "code": 400}}).encode()))
+                return
+            loaded.add(doc["lora_name"])
+            conn.sendall(_http("200 OK", f"Success: LoRA adapter '{doc['lora_name']}' added successfully.".encode()))
+        elif path == "/v1/unload_lora_adapter":
+            loaded.discard(doc["lora_name"])
+            conn.sendall(_http("200 OK", b"Success"))
+        else:
+            conn.sendall(_http("200 OK", b'{"success": true}'))
+
+    return reply
+
+
+def test_a_version_installed_again_gets_its_own_adapter_name_and_directory(tmp_path):
+    """Level 6 installs a partial and a damaged copy of version N before the real one. A real vLLM loads the
+    first two (it checks no manifest), so a copy that reused a directory or an adapter name was HTTP 400
+    "has already been loaded ... set 'load_inplace' to True" (issue 28): each install is its own directory
+    and name, and activating the active adapter again loads nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    plan = SimpleNamespace(contract=SimpleNamespace(trainable=SimpleNamespace(rank=8, alpha=16)))
+    loaded, calls = set(), []
+    key = "model.layers.0.self_attn.q_proj.lora_B.weight"
+    with Server(_adapter_server(loaded, calls)) as s:
+        e = VllmEngine(s.url, tmp_path, plan=plan, arch=None, timeout=5.0)
+        for i in range(3):  # missing, damaged, real: the same version number three times
+            e.install(Version(1, "adapter", {key: torch.full((4, 8), float(i))}, {"version": 1, "copy": i}))
+            e.activate(1)
+        e.activate(1)  # already active: nothing to load
+    loads = [n for p, n in calls if p == "/v1/load_lora_adapter"]
+    assert len(loads) == 3 and len(set(loads)) == 3, loads
+    assert loaded == {e.lora} and e.lora == loads[-1]
+    dirs = sorted(p.parent for p in tmp_path.glob("v1-*/adapter_model.safetensors"))
+    assert len(dirs) == 3  # no copy written over another the server may hold

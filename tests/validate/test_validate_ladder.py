@@ -89,3 +89,32 @@ def test_a_marker_or_report_write_cut_short_leaves_no_half_file(tmp_path, full_d
             run(tmp_path, levels="1", plots=False)
         assert err.value.code == "PCC709"
     assert not (tmp_path / name).exists() and not list(tmp_path.glob(f".{name}.*"))
+
+
+def test_level_4_over_its_bound_on_an_engine_that_serves_no_weights_is_a_coded_finding(tmp_path, monkeypatch):
+    """Past its bound, level 4 reads the installed weights back to name the layer; an engine whose API returns
+    no parameter values (vLLM over HTTP raises NotServed) leaves the layer unnamed with a PCC704 finding, and
+    the level fails on its bound: it does not end in an error (as it did against a real vLLM, issue 28)."""
+    from pcc.validate import expect
+    from pcc.validate.engine import NotServed
+    from pcc.validate.local import LocalEngine
+
+    def served_nowhere(self, name):
+        raise NotServed(f"this engine returns no parameter values, so {name} cannot be read back")
+
+    real_load = expect.load
+
+    def tight(plan, target):  # a level-4 bound no engine meets, so the layer is looked for
+        doc = real_load(plan, target)
+        for t in expect.thresholds(doc, 4):
+            if t["op"] == "<=":
+                t["value"] = -1.0
+        return doc
+
+    monkeypatch.setattr(LocalEngine, "read_tensor", served_nowhere)
+    monkeypatch.setattr(expect, "load", tight)
+    r = run(tmp_path, levels="4", plots=False)
+    (lv,) = r["levels"]
+    assert lv["status"] == "fail" and lv["error"] is None, lv["error"]
+    assert any(f.startswith("PCC704: the layer whose installed weights differ cannot be named: ") and
+               "cannot be read back" in f for f in lv["findings"]), lv["findings"]

@@ -161,6 +161,9 @@ def main(contract: str, model: str | None = None) -> None:
             return completion(body)
         if path == "/v1/load_lora_adapter":
             req = parse(LoadLoRAAdapterRequest, body)
+            if not req.load_inplace and req.lora_name in state["adapters"]:  # serving.py _check_load_lora_adapter_request
+                return error(400, f"The lora adapter '{req.lora_name}' has already been loaded. If you want to load "
+                                  "the adapter in place, set 'load_inplace' to True.")
             v = load_dir(Path(req.lora_path), "adapter", "adapter_model.safetensors")
             peft = PEFTHelper.from_dict(json.loads((Path(req.lora_path) / "adapter_config.json").read_text()))
             engine.rollout.lora_scaling = peft.vllm_lora_scaling_factor

@@ -34,15 +34,15 @@ def by_position(d: torch.Tensor, mask: torch.Tensor) -> dict:
     return {"mean": D.by_position(d, mask), "p99": p99}
 
 
-def unless_not_served(o, fn):
-    """`fn()`, or None with the engine's reason among the findings where its API cannot do it (the
-    check then reads 'not measured')."""
+def unless_not_served(o, fn, what: str = ""):
+    """`fn()`, or None with the engine's reason, coded (PCC704), among the findings where its API cannot do
+    it (a check then reads 'not measured'); `what` says what is left undone."""
     from ..engine import NotServed
 
     try:
         return fn()
     except NotServed as exc:
-        o.findings.append(str(exc))
+        o.findings.append(f"{exc.code}: {what + ': ' if what else ''}{exc}")
         return None
 
 

@@ -8,7 +8,7 @@ if [ ! -d "$PCC_ROLLOUT_CHECKPOINT" ]; then
   exit 1
 fi
 extra=()
-exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
+exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
   --kv-cache-dtype auto \
   --tensor-parallel-size 4 \

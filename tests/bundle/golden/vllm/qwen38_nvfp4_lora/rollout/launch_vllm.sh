@@ -20,7 +20,7 @@ if [ -n "${PCC_ADAPTER:-}" ]; then
   fi
   extra=(--lora-modules policy="$PCC_ADAPTER")
 fi
-exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
+exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
   --quantization modelopt_fp4 \
   --kv-cache-dtype auto \

@@ -12,7 +12,7 @@ if ! grep -Eqs '"quant_method"[[:space:]]*:[[:space:]]*"modelopt"' "$PCC_ROLLOUT
   exit 1
 fi
 extra=()
-exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
+exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
   --quantization modelopt_fp4 \
   --kv-cache-dtype auto \

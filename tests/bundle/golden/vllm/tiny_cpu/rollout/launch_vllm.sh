@@ -12,7 +12,7 @@ if ! grep -Eqs '"quant_method"[[:space:]]*:[[:space:]]*"fp8"' "$PCC_ROLLOUT_CHEC
   exit 1
 fi
 extra=()
-exec vllm serve "$PCC_ROLLOUT_CHECKPOINT" \
+exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
   --quantization fp8 \
   --kv-cache-dtype auto \
