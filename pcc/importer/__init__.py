@@ -7,7 +7,8 @@
 Kinds: `checkpoint` (a checkpoint's own quantization config: HF block FP8, compressed-tensors,
 ModelOpt, gpt-oss MXFP4; checkpoint.py), `miles` (a Miles launch: a script, an argument file
 or a pcc bundle; miles.py), `verl` (a verl job: a Hydra YAML config, or Hydra overrides in a
-script or an argument file; verl.py) and `te` (a Transformer Engine per-module precision file;
+script or an argument file; verl.py), `nemo_rl` (a NeMo RL GRPO recipe YAML, `defaults:` resolved;
+nemo_rl.py) and `te` (a Transformer Engine per-module precision file;
 te.py). Each source's own matching rules are reproduced (matching.py), the
 result is written as pcc rules + exceptions (rules.py), and everything the source says that pcc
 states differently, or cannot state, is a coded warning. docs/import.md.
@@ -23,7 +24,7 @@ from pathlib import Path
 from pcc.lang import inputs
 from pcc.lang.diagnostics import Diagnostic, PccError, Span
 
-KINDS = ("checkpoint", "miles", "verl", "te")
+KINDS = ("checkpoint", "miles", "verl", "nemo_rl", "te")
 
 
 class ImportFailed(PccError):
@@ -137,6 +138,10 @@ def _import(kind: str, source: str, model: str | None, hardware: str | None) -> 
         from pcc.importer.verl import import_verl
 
         return import_verl(source, model, hardware)
+    if kind == "nemo_rl":
+        from pcc.importer.nemo_rl import import_nemo_rl
+
+        return import_nemo_rl(source, model, hardware)
     if kind == "te":
         from pcc.importer.te import import_te
 

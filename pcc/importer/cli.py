@@ -43,12 +43,13 @@ def register(subparsers) -> None:
     from pcc.importer import KINDS
 
     s = subparsers.add_parser("import", help="a contract from a checkpoint's quantization config, a Miles launch, a "
-                              "verl job or a Transformer Engine precision file (docs/import.md)")
+                              "verl job, a NeMo RL recipe or a Transformer Engine precision file (docs/import.md)")
     s.add_argument("kind", metavar="KIND", choices=KINDS, help=f"what SOURCE is: {', '.join(KINDS)}")
     s.add_argument("source", metavar="SOURCE", help="checkpoint: a checkpoint directory, config.json, "
                    "hf_quant_config.json or quantization_config JSON; miles: a launch script, an argument file or "
                    "a pcc bundle directory; verl: a Hydra YAML config, a launch script, an argument file of Hydra "
-                   "overrides or the folder pcc writes a verl job to; te: a TE per-module precision YAML")
+                   "overrides or the folder pcc writes a verl job to; nemo_rl: a NeMo RL recipe YAML "
+                   "(defaults: resolved) or a pcc bundle directory; te: a TE per-module precision YAML")
     s.add_argument("--model", help="resolve against this checkpoint directory or catalog name (default: the "
                    "checkpoint directory SOURCE names: --hf-checkpoint, actor_rollout_ref.model.path)")
     s.add_argument("--hardware", help="the hardware the contract states (targets/hardware.yaml); the source "
