@@ -39,7 +39,7 @@ NOT_IN_A_RECIPE = (
                            "not keys"),
 )
 # Free-form maps (any key is passed on).
-_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs)(\.|$)")
+_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs)(\.|$)|^(env|data)(\.|$)")  # env.<name>, data.<split>: free-form
 
 
 @functools.lru_cache(maxsize=1)
@@ -367,7 +367,7 @@ def _check_keys(imp: Imported, r: _Recipe) -> None:
     sections = {k.rsplit(".", n)[0] for k in known for n in range(1, k.count(".") + 1)}
     base = tab["recipes"].get(Path(r.base).name, {}) if r.base else {}
     for key in sorted(r.own):
-        if "[" in key or key in ("", "defaults") or _FREE.search(key.rsplit(".", 1)[0] if "." in key else ""):
+        if "[" in key or key in ("", "defaults") or _FREE.search(key):
             continue
         if key in sections and key not in known:
             continue

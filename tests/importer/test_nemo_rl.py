@@ -1,0 +1,142 @@
+"""pcc import nemo_rl: a NeMo RL GRPO recipe back into a contract.
+
+References: pcc's own NeMo RL lowering (every contract in contracts/nemo_rl/ goes out as the bundle's
+nemo_rl/config.yaml and comes back with no engine argument difference, less what a recipe cannot
+carry), and NeMo RL's own published FP8 recipes (tests/importer/nemo_rl_recipes/, SOURCES.json: verbatim
+copies at v0.7.0), each imported or refused with a code; expected.json holds the outcomes
+(PCC_UPDATE_GOLDEN=1 rewrites it). Nothing here needs the NeMo RL checkout: the pinned base recipes'
+values are targets/nemo_rl_keys.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_import import _differences
+
+from pcc.importer import ImportFailed, import_source
+from pcc.lower import compile_file, lower
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = Path(__file__).parent / "nemo_rl_recipes"
+SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
+GOLDEN = RECIPES / "expected.json"
+UPDATE = os.environ.get("PCC_UPDATE_GOLDEN") == "1"
+_GEMMS = ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")
+_EXPECT = {("expect", "route_agreement"), ("expect", "same_version")}
+_ALL = {(c, f) for c in ("fprop", "dgrad", "wgrad") for f in _GEMMS}  # TE's real GEMMs: no qdq/accumulate back
+NOT_CARRIED = {
+    "nemo_rl/bf16_baseline": _EXPECT,
+    "nemo_rl/fp8_block": _EXPECT | _ALL,
+}
+
+
+def test_the_round_trip_covers_every_nemo_rl_contract():
+    assert sorted(NOT_CARRIED) == sorted(f"nemo_rl/{p.stem}" for p in (ROOT / "contracts" / "nemo_rl").glob("*.prec"))
+
+
+@pytest.mark.parametrize("name", sorted(NOT_CARRIED))
+def test_nemo_rl_round_trip(name, tmp_path):
+    """Lower to NeMo RL, import the bundle's nemo_rl/config.yaml (over the base recipe launch.sh names),
+    same Plan and the same engine arguments."""
+    from pcc.diff import diff
+
+    src = str(ROOT / "contracts" / f"{name}.prec")
+    c = compile_file(src)
+    config = tmp_path / "nemo_rl" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(lower(c.plan, "nemo_rl").files["nemo_rl/config.yaml"])
+    for source in (config, tmp_path):  # the file, or the folder pcc writes
+        imp = import_source("nemo_rl", str(source), c.plan.contract.model.catalog)
+        assert imp.contract["framework"] == "nemo_rl"
+        assert not [d for d in imp.diagnostics if d.code != "PCC808"], [d.render() for d in imp.diagnostics]
+        out = tmp_path / "imported.prec"
+        out.write_text(imp.text())
+        assert compile_file(str(out)).ok
+        report = diff(src, str(out))
+        assert _differences(report) == NOT_CARRIED[name]
+        assert {e: (r["args"], r["env"]) for e, r in report["engines"].items() if r["args"] or r["env"]} == {}
+        assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"expect", "trainer.rules gemm", "defaults"}
+
+
+def _model(file: str) -> str | None:
+    return next((m for key, m in SOURCES["models"].items() if key in file), None)
+
+
+def _outcome(file: str) -> dict:
+    try:
+        imp = import_source("nemo_rl", str(RECIPES / file), _model(file))
+    except ImportFailed as exc:
+        return {"model": _model(file), "refused": exc.code, "path": exc.path}
+    return {"model": _model(file), "warnings": sorted({f"{d.code} {d.path}" for d in imp.diagnostics}),
+            "contract": imp.text()}
+
+
+def test_recipes_are_the_pinned_ones():
+    assert SOURCES["commit"] == "81aa43dda4765b0429cf31dab44441e4e4383911"
+    assert sorted(SOURCES["files"]) == sorted(p.name for p in RECIPES.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("file", SOURCES["files"])
+def test_published_fp8_recipe(file, tmp_path):
+    got = _outcome(file)
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
+    if UPDATE:
+        golden[file] = got
+        GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")
+    assert got == golden.get(file)
+    if "contract" in got:  # the imported contract checks
+        out = tmp_path / "c.prec"
+        out.write_text(got["contract"])
+        c = compile_file(str(out))
+        assert c.ok, [d.render() for d in c.diagnostics if d.is_error]
+
+
+def test_fp8_recipe_reads_the_base_and_its_own_keys():
+    imp = import_source("nemo_rl", str(RECIPES / "grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml"), "llama3_8b")
+    t, r = imp.contract["trainer"], imp.contract["rollout"]
+    assert t["engine"] == "megatron" and t["parallel"] == {"pp": 2}
+    assert t["optimizer"] == {"kind": "adam", "distributed": True, "precision_aware": False}  # base on, recipe off
+    assert r["max_tokens"] == 4096 and r["engine"] == "vllm"
+    assert t["rules"] and t["rules"][0]["scheme"] == "fp8_block"  # fp8_cfg: enabled, e4m3 blockwise from the base
+    untruncated = [d for d in imp.diagnostics if d.code == "PCC804"]
+    assert untruncated and untruncated[0].path == "loss_fn.use_importance_sampling_correction"
+    assert untruncated[0].span is not None and untruncated[0].span.line == 7
+
+
+def test_unresolved_defaults_read_the_recipe_alone(tmp_path):
+    src = tmp_path / "r.yaml"
+    src.write_text("defaults: some_base_nowhere.yaml\npolicy:\n  megatron_cfg:\n    enabled: true\n"
+                   "    tensor_model_parallel_size: 2\n  generation:\n    vllm_cfg:\n      precision: fp8\n"
+                   "      kv_cache_dtype: fp8\n      tensor_parallel_size: 2\n    max_new_tokens: 512\n"
+                   "loss_fn:\n  use_importance_sampling_correction: true\n  truncated_importance_sampling_type: icepop\n"
+                   "  truncated_importance_sampling_ratio: 5\n  truncated_importance_sampling_ratio_min: 0.5\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    unresolved = [d for d in imp.diagnostics if d.code == "PCC808" and d.path == "defaults"]
+    assert unresolved and "some_base_nowhere.yaml" in unresolved[0].message and unresolved[0].span.line == 1
+    c = imp.contract
+    assert c["trainer"]["parallel"] == {"tp": 2} and c["rollout"]["parallel"] == {"tp": 2}
+    assert c["correction"] == {"kind": "mis", "clip": 5.0, "low": 0.5}
+    assert any(r["patterns"] == ["kv_cache"] for r in c["rollout"]["rules"])
+
+
+def test_unknown_and_unmapped_keys_are_positioned(tmp_path):
+    src = tmp_path / "r.yaml"
+    src.write_text("defaults: ../../grpo_math_1B.yaml\npolicy:\n  megatron_cfg:\n    enabled: true\n"
+                   "    fp8_cfg:\n      enabled: true\n      fp8_recipe: tensorwise\n    moe_router_dtpe: fp32\n"
+                   "  dtensor_cfg:\n    enabled: false\n  generation:\n    vllm_cfg:\n      precision: fp8\n"
+                   "      quantization_ignored_layer_kws: [nothing_matches]\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    codes = {(d.code, d.path): d for d in imp.diagnostics}
+    assert codes[("PCC810", "policy.megatron_cfg.moe_router_dtpe")].span.line == 8
+    assert ("PCC802", "policy.generation.vllm_cfg.quantization_ignored_layer_kws") in codes
+    assert imp.contract["trainer"]["rules"]  # fp8_cfg.fp8 e4m3 from the base, tensorwise from the recipe
+
+
+def test_cli_registers_the_kind():
+    from pcc.importer import KINDS
+
+    assert "nemo_rl" in KINDS
