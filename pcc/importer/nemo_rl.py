@@ -16,6 +16,7 @@ states differently is PCC804.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -28,15 +29,24 @@ from pcc.importer.miles import Flags, trainer_rules
 from pcc.importer.verl import PRECISION, _kv_formats
 from pcc.importer.yamlsource import load, read_text
 from pcc.lang.diagnostics import Span
+from pcc.lower.nemo_rl import (
+    CONFIG_FILE,
+    DTENSOR,
+    LOSS,
+    MEGATRON,
+    POLICY,
+    VLLM,
+    flatten,
+    tables,
+)
 from pcc.plan.patterns import LINEAR
-from pcc.lower.nemo_rl import CONFIG_FILE, DTENSOR, LOSS, MEGATRON, POLICY, VLLM, flatten, tables
 from pcc.resources import data_dir
 
 WHAT = "NeMo RL recipe"
 NOT_IN_A_RECIPE = (
     ("expect", "a NeMo RL recipe states no validation expectations; the contract states none"),
-    ("trainer.rules gemm", "Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' are "
-                           "not keys"),
+    ("trainer.rules gemm", ("Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' "
+                            "are not keys")),
 )
 # Free-form maps (any key is passed on).
 _FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs)(\.|$)|^(env|data)(\.|$)")  # env.<name>, data.<split>: free-form
@@ -120,13 +130,10 @@ def _base(path: Path, name: str, imp: Imported, depth: int, span: Span | None) -
     if Path(name).name in recipes and not (path.parent / name).is_file():
         return dict(recipes[Path(name).name])
     candidates = [path.parent / name]
-    try:
-        from pcc.lower.verify_nemo_rl import engine_dir
+    from pcc.lower.verify_nemo_rl import engine_dir
 
-        configs = engine_dir() / "examples" / "configs"
-        candidates += [configs / "recipes" / "llm" / name, configs / name, configs / Path(name).name]
-    except Exception:  # noqa: BLE001  the side folder is optional
-        pass
+    configs = engine_dir() / "examples" / "configs"  # the side folder; absent in CI
+    candidates += [configs / "recipes" / "llm" / name, configs / name, configs / Path(name).name]
     for c in candidates:
         if c.is_file():
             if c.name in recipes and c.resolve().parent.name == "configs":
@@ -279,8 +286,6 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
             d = imp.diagnostics[n]
             key = where.get(d.path) or (f"{MEGATRON}.env_vars.{d.path}" if d.path in env else None)
             if key:
-                import dataclasses
-
                 imp.diagnostics[n] = dataclasses.replace(d, path=key, span=r.span(key) or d.span)
         if "--fp8-param-gather" in flags:
             t["param_gather"] = "fp8"
