@@ -44,6 +44,8 @@ def _child(request: dict) -> dict:
     import importlib.util
     import tempfile
 
+    from pcc.lang.outputs import write_atomic
+
     sys.path.append(request["hydra"])  # hydra-core and omegaconf, from verl's side folder
     where = Path(request["dir"])
     spec = importlib.util.spec_from_file_location("nemo_rl_config", where / "nemo_rl" / "utils" / "config.py")
@@ -54,7 +56,7 @@ def _child(request: dict) -> dict:
     base = where / "examples" / "configs" / request["base"]
     with tempfile.TemporaryDirectory() as tmp:
         recipe = Path(tmp) / "recipe.yaml"
-        recipe.write_text(f"defaults: '{base}'\n" + request["recipe"])
+        write_atomic(recipe, f"defaults: '{base}'\n" + request["recipe"])
         try:
             config.register_omegaconf_resolvers()
             cfg = config.load_config(recipe)
