@@ -26,6 +26,28 @@ PRECISION_FILE = "trainer/te_precision.yaml"
 
 
 @functools.cache
+def lora_modules(plan: Plan, modules: dict, fused: dict, code: str, engine: str) -> list[str]:
+    """Megatron's LoRA target names for the contract's trainable families (`modules`: family -> name, a
+    framework's table), refused with `code` where a family has none or where Megatron fuses a trained
+    family with one the contract leaves frozen (`fused`: name -> the families in it)."""
+    ops, targets = plan.catalog.operators, plan.contract.trainable.targets
+    families = {ops[i].family for i in plan.trainable}
+    names = set()
+    for fam in sorted(families):
+        if fam not in modules:
+            unsupported(code, f"{engine} has no target for {fam}", "trainable.targets")
+        names.add(modules[fam])
+    for name in sorted(names):
+        partners = [f for f in fused.get(name, ()) if any(op.family == f for op in ops)]
+        missing = sorted(set(partners) - families)
+        if missing:
+            at = next((f"trainable.targets[{i}]" for i, p in enumerate(targets) if p in partners), "trainable")
+            unsupported(code, f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
+                        f"{', '.join(missing)}, which the contract leaves frozen", at,
+                        hint=f"add {', '.join(missing)} to the targets")
+    return sorted(names)
+
+
 def tables() -> dict:
     return target_table("megatron")
 

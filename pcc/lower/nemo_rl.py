@@ -24,6 +24,7 @@ import yaml
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
+from pcc.lower.megatron import lora_modules
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
@@ -262,22 +263,10 @@ def _lora(plan: Plan, keys: _Keys) -> None:
         keys.set(f"{DTENSOR}.lora_cfg.dim", t.rank, "trainable.rank")
         keys.set(f"{DTENSOR}.lora_cfg.alpha", t.alpha, "trainable.alpha")
         return
-    families = {ops[i].family for i in plan.trainable}
-    names = set()
-    for fam in sorted(families):
-        if fam not in tab["megatron_lora_modules"]:
-            unsupported("PCC636", f"NeMo RL's Megatron LoRA (megatron_cfg.peft) has no target for {fam}", "trainable.targets")
-        names.add(tab["megatron_lora_modules"][fam])
-    for name in sorted(names):
-        partners = [f for f in tab["megatron_lora_fused"].get(name, ()) if any(op.family == f for op in ops)]
-        missing = sorted(set(partners) - families)
-        if missing:
-            at = next((f"trainable.targets[{i}]" for i, p in enumerate(t.targets) if p in partners), "trainable")
-            unsupported("PCC636", f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
-                        f"{', '.join(missing)}, which the contract leaves frozen", at,
-                        hint=f"add {', '.join(missing)} to the targets")
+    names = lora_modules(plan, tab["megatron_lora_modules"], tab["megatron_lora_fused"], "PCC636",
+                         "NeMo RL's Megatron LoRA (megatron_cfg.peft)")
     keys.set(f"{MEGATRON}.peft.enabled", True, "trainable")
-    keys.set(f"{MEGATRON}.peft.target_modules", sorted(names), "trainable.targets")
+    keys.set(f"{MEGATRON}.peft.target_modules", names, "trainable.targets")
     keys.set(f"{MEGATRON}.peft.dim", t.rank, "trainable.rank")
     keys.set(f"{MEGATRON}.peft.alpha", t.alpha, "trainable.alpha")
 

@@ -17,6 +17,7 @@ import shlex
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.lower.engine_table import table as engine_table
+from pcc.lower.megatron import lora_modules
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
@@ -229,23 +230,11 @@ def _lora(plan: Plan, over: "_Keys") -> None:
         over.set("actor_rollout_ref.model.lora_alpha", t.alpha, "trainable.alpha")
         over.set("actor_rollout_ref.model.target_modules", sorted({module_leaf(ops[i].tensor) for i in plan.trainable}), "trainable.targets")
         return
-    families = {ops[i].family for i in plan.trainable}
-    names = set()
-    for fam in sorted(families):
-        if fam not in tab["megatron_lora_modules"]:
-            unsupported("PCC627", f"verl's Megatron LoRA has no target for {fam}", "trainable.targets")
-        names.add(tab["megatron_lora_modules"][fam])
-    for name in sorted(names):
-        partners = [f for f in tab["megatron_lora_fused"].get(name, ()) if any(op.family == f for op in ops)]
-        missing = sorted(set(partners) - families)
-        if missing:
-            at = next((f"trainable.targets[{i}]" for i, p in enumerate(t.targets) if p in partners), "trainable")
-            unsupported("PCC627", f"Megatron fuses {', '.join(partners)} into {name}: LoRA on it also adapts "
-                        f"{', '.join(missing)}, which the contract leaves frozen", at,
-                        hint=f"add {', '.join(missing)} to the targets")
+    names = lora_modules(plan, tab["megatron_lora_modules"], tab["megatron_lora_fused"], "PCC627",
+                         "verl's Megatron LoRA")
     over.set("actor_rollout_ref.model.lora.rank", t.rank, "trainable.rank")
     over.set("actor_rollout_ref.model.lora.alpha", t.alpha, "trainable.alpha")
-    over.set("actor_rollout_ref.model.lora.target_modules", sorted(names), "trainable.targets")
+    over.set("actor_rollout_ref.model.lora.target_modules", names, "trainable.targets")
 
 
 @target("verl", honours=("framework", "trainer", "rollout.rules", "rollout.parallel", "rollout.deterministic", "rollout.record",
