@@ -25,7 +25,6 @@ TE_FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 PRECISION_FILE = "trainer/te_precision.yaml"
 
 
-@functools.cache
 def lora_modules(plan: Plan, modules: dict, fused: dict, code: str, engine: str) -> list[str]:
     """Megatron's LoRA target names for the contract's trainable families (`modules`: family -> name, a
     framework's table), refused with `code` where a family has none or where Megatron fuses a trained
@@ -48,6 +47,7 @@ def lora_modules(plan: Plan, modules: dict, fused: dict, code: str, engine: str)
     return sorted(names)
 
 
+@functools.cache
 def tables() -> dict:
     return target_table("megatron")
 
