@@ -497,6 +497,12 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     grouping = scheme.grouping_of(role)
     geo = geometry(x.shape, grouping)
     x2 = x.reshape(-1, geo.cols)
+    if amax is None and grouping.kind != "tensor" and _fusable(x2, scheme, geo):
+        fast = _fused_fp8(x2, geo, out)
+        if fast is not None:  # (None: no kernels, or NaN/inf somewhere, which the path below names)
+            codes, scales = fast
+            return Quantized(codes.reshape(tuple(x.shape[:-1]) + (geo.cols,)), scales.reshape(geo.scale_shape),
+                             x.shape, scheme, role)
     is_int = scheme.format in _INT_BITS
     signed = is_int and not scheme.symmetric
     stochastic = scheme.rounding == "stochastic"
@@ -601,6 +607,39 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
     if zp is not None:
         zp = zp.reshape(geo.scale_shape)
     return Quantized(codes, scales, x.shape, scheme, role, outer, zp)
+
+
+def _fusable(x2: torch.Tensor, scheme: Scheme, geo: Geometry) -> bool:
+    """Does `pcc.numerics.fused` quantize this (given kernels): E4M3 scaled by float32 blocks, rows or runs of
+    its own amax, rounded to nearest, from a contiguous BF16 or float32 CPU tensor (block grouping of 2-D)."""
+    return (scheme.format == "fp8_e4m3" and scheme.scale == "fp32" and scheme.rounding == "nearest_even"
+            and scheme.packing is None and geo.batch == 1 and x2.dtype in (torch.bfloat16, torch.float32)
+            and x2.device.type == "cpu" and x2.is_contiguous())
+
+
+def _fused_fp8(x2: torch.Tensor, geo: Geometry, out: torch.Tensor | None):
+    """Codes [rows, cols] and float32 scales [nbr, nbc] from the fused kernel, block rows of about _CHUNK
+    elements on the chunk workers; None without the kernels or where a block holds NaN or inf."""
+    from . import fused
+
+    element = "bf16" if x2.dtype == torch.bfloat16 else "f32"
+    if fused.kernel(element) is None:
+        return None
+    rows, cols = x2.shape
+    r, c = geo.block_rows, geo.block_cols
+    nbr, nbc = -(-rows // r), -(-cols // c)
+    codes = _codes_storage(out, (rows, cols), torch.float8_e4m3fn, x2.device)
+    scales = torch.empty(nbr, nbc, dtype=torch.float32)
+    step = max(1, _CHUNK // (r * cols))
+    bad: list[int] = []
+
+    def run(first):
+        if fused.fp8_fp32_blocks(element, x2.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, cols, r, c,
+                                 first, min(first + step, nbr)) >= 0:
+            bad.append(first)
+
+    run_chunks(run, range(0, nbr, step))
+    return None if bad else (codes, scales)
 
 
 # packing -> (elements per stored code, bytes per stored code); unpacked codes are one byte each
