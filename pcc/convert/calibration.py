@@ -58,15 +58,15 @@ def resolve(plan, src, calibrate: bool | None, tokens_file: str | None = None) -
     """The input scales `pcc convert` writes. calibrate: True (required: refuse what cannot be
     calibrated), None (auto: calibrate when supported and at most CPU_CALIBRATION_MAX_PARAMS),
     False (never)."""
-    import torch
-
-    from pcc.runtime.calibrate import static_targets
+    from pcc.plan.encode import static_targets
 
     targets = static_targets(plan)
     names = sorted(targets.values())
     out = InputScales()
-    if not names:
+    if not names:  # (no torch imported: a conversion may need none, pcc.convert.fast)
         return out
+    import torch
+
     for name in names:
         if name in src.where:
             out.values[name] = _carried(src, name)

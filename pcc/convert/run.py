@@ -6,7 +6,8 @@ a few tensors or pieces: a tensor larger than PIECE_BYTES moves in pieces of abo
 (written as stored, quantized in row pieces after an amax pass where its scale needs one, a
 quantized source's rows, a fused MXFP4 tensor an expert at a time), so memory does not grow with
 the largest tensor (docs/convert.md, "Streaming"). The output is built in a hidden sibling directory
-and renamed into place only when complete and checked.
+and renamed into place only when complete and checked. Where every tensor is copied or quantized to block
+FP8 and llvmlite is installed, pcc.convert.fast streams the same bytes without importing torch.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from pcc.convert import ConvertError
+from pcc.convert import ConvertError, fast
 from pcc.convert.calibration import resolve as resolve_input_scales
 from pcc.convert.contract import load_plan
 from pcc.convert.destination import (
@@ -126,7 +127,11 @@ def _build(plan, doc: dict, src: Source, work: Path, extras: list[Path], resume:
     todo = [it for it in items if any(writer.wanted(n) for n in it["emits"] + it["feeds"])]
     in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
     try:
-        _pipeline(plan, src, todo, writer, in_bytes, progress, scales.values)
+        specs = fast.eligible(plan, src, todo, scales.values)
+        if specs is not None:  # no torch needed (pcc.convert.fast)
+            fast.pipeline(plan, src, todo, writer, in_bytes, progress, specs)
+        else:
+            _pipeline(plan, src, todo, writer, in_bytes, progress, scales.values)
     except BaseException:
         writer.abort()
         raise

@@ -131,15 +131,51 @@ class Source:
         is an error here; one truncated while mapped would raise SIGBUS, as any mmap reader would)."""
         import torch
 
+        mapped = self._mapping(fd, file, name, base, size)
+        if mapped is None:
+            return None
+        m, skip = mapped
+        window = torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
+        _populate(window.data_ptr() - skip, skip + size)
+        return window
+
+    def _mapping(self, fd: int, file: str, name: str, base: int, size: int):
+        """(a private mapping holding bytes [base, base + size) of the shard, where they start in it), or None
+        where the file cannot be mapped."""
         skip = base % mmap.ALLOCATIONGRANULARITY
         try:
             if os.fstat(fd).st_size < base + size:
                 raise ConvertError(f"{self.root / file}: truncated while reading {name}")
-            m = mmap.mmap(fd, skip + size, access=mmap.ACCESS_COPY, offset=base - skip)
+            return mmap.mmap(fd, skip + size, access=mmap.ACCESS_COPY, offset=base - skip), skip
         except (OSError, ValueError):
             return None
-        window = torch.frombuffer(m, dtype=torch.uint8, offset=skip, count=size)
-        _populate(window.data_ptr() - skip, skip + size)
+
+    def map_bytes(self, name: str, first: int, count: int):
+        """Bytes [first, first + count) of stored tensor `name`'s data as a numpy uint8 array over a private
+        mapping whose page tables are filled (`map` without torch: pcc.convert.fast), or read with pread
+        where the file cannot be mapped."""
+        import numpy as np
+
+        file = self.where[name]
+        begin, end = self.entries[name]["data_offsets"]
+        if not 0 <= first <= first + count <= end - begin:
+            raise ConvertError(f"{self.root / file}: {name} has no bytes [{first}, {first + count})")
+        fd = self._handles.get(file)
+        if fd is None:
+            fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
+        base = self.data_start[file] + begin + first
+        mapped = self._mapping(fd, file, name, base, count) if count else None
+        if mapped is None:
+            buf, done = np.empty(count, dtype=np.uint8), 0
+            while done < count:
+                got = os.preadv(fd, [memoryview(buf)[done:]], base + done)
+                if got <= 0:
+                    raise ConvertError(f"{self.root / file}: truncated while reading {name}")
+                done += got
+            return buf
+        m, skip = mapped
+        window = np.frombuffer(m, dtype=np.uint8, count=count, offset=skip)
+        _populate(window.ctypes.data - skip, skip + count)
         return window
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----

@@ -147,7 +147,7 @@ def _values(plan, doc: dict, out, src, full: bool, report) -> int:
     from pcc.convert.calibration import shared
     from pcc.convert.quantized import Encoded, copied, rollout_of
     from pcc.plan.encode import group_amax
-    from pcc.runtime.calibrate import static_targets
+    from pcc.plan.encode import static_targets
 
     index = {op.tensor: i for i, op in enumerate(plan.catalog.operators)}
     carried = {}  # the source's input scales as convert writes them: each fused group's at its largest

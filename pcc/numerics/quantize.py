@@ -620,7 +620,7 @@ def _fusable(x2: torch.Tensor, scheme: Scheme, geo: Geometry) -> bool:
 def _fused_fp8(x2: torch.Tensor, geo: Geometry, out: torch.Tensor | None):
     """Codes [rows, cols] and float32 scales [nbr, nbc] from the fused kernel, block rows of about _CHUNK
     elements on the chunk workers; None without the kernels or where a block holds NaN or inf."""
-    from . import fused
+    from pcc import fused
 
     element = "bf16" if x2.dtype == torch.bfloat16 else "f32"
     if fused.kernel(element) is None:

@@ -3,15 +3,18 @@ embedded runtime's sync builds live, in the layout the Plan holds for it (`Plan.
 
 `rollout_tensors` is pure (no I/O), so a converter run and a live runtime that both call it hold
 byte-identical rollout weights; it sits in the plan stage, below both, so neither imports the
-other for it. It imports torch: nothing on `pcc check`'s path imports this module.
+other for it. Its functions import torch when called: `piece_rows` and `static_targets` do not, so a
+conversion that needs no torch (pcc.convert.fast) never loads it.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from pcc.numerics import quantize, tensor_amax
 from pcc.plan import Plan
+
+if TYPE_CHECKING:
+    import torch
 
 
 def piece_rows(plan: Plan, op_index: int) -> int | None:
@@ -22,10 +25,26 @@ def piece_rows(plan: Plan, op_index: int) -> int | None:
     return plan.layouts[op_index].piece_rows(plan.scheme("rollout", op_index).grouping_of("weight"))
 
 
+def static_targets(plan: Plan) -> dict[str, str]:
+    """Operator tensor -> its checkpoint `input_scale` name, for operators whose layout stores one."""
+    out = {}
+    for i, op in enumerate(plan.catalog.operators):
+        if op.family == "kv_cache":
+            continue
+        name = next((n for n in plan.rollout_tensors[i]["targets"] if n.endswith(".input_scale")), None)
+        if name is not None:
+            out[op.tensor] = name
+    return out
+
+
 def group_amax(plan: Plan, op_index: int, weight_of) -> torch.Tensor | None:
     """max |w| over operator `op_index`'s NVFP4 scale group (the fused projections that share one
     `weight_scale_2`, pcc.plan.tensors.scale_group), the amax its global scale is computed from;
     `weight_of(name)` is the tensor each member is quantized from. None without a group."""
+    import torch
+
+    from pcc.numerics import tensor_amax
+
     group = plan.rollout_tensors[op_index].get("scale_group")
     if group is None:
         return None
@@ -47,6 +66,8 @@ def rollout_tensors(plan: Plan, op_index: int, tensor: torch.Tensor, rows: slice
     `out`: storage for the codes, as `pcc.numerics.quantize` takes it (the converter's recycled buffers).
     Raises ValueError naming the tensor for NaN/inf.
     """
+    from pcc.numerics import quantize
+
     entry, layout = plan.rollout_tensors[op_index], plan.layouts[op_index]
     names = list(entry["targets"])
     op = plan.catalog.operators[op_index]

@@ -17,24 +17,13 @@ import torch.nn.functional as F
 from pcc.numerics import Quantized, geometry
 from pcc.numerics import formats as fm
 from pcc.numerics.packing import pack_e2m1x2
+from pcc.plan.encode import static_targets  # noqa: F401 (defined there, torch-free; importers take it from here)
 
 from .model import Arch, bf16, forward
 from .task import ReverseTask
 
 CALIBRATION_ROWS, CALIBRATION_SEED = 64, 2718  # a fixed batch of task sequences (prompt + answer)
 NVFP4_RANGE = fm.E4M3.max * fm.E2M1.max  # 448 * 6: ModelOpt's input_scale = amax / NVFP4_RANGE
-
-
-def static_targets(plan) -> dict[str, str]:
-    """Operator tensor -> its checkpoint `input_scale` name, for operators whose layout stores one."""
-    out = {}
-    for i, op in enumerate(plan.catalog.operators):
-        if op.family == "kv_cache":
-            continue
-        name = next((n for n in plan.rollout_tensors[i]["targets"] if n.endswith(".input_scale")), None)
-        if name is not None:
-            out[op.tensor] = name
-    return out
 
 
 def calibration_tokens(task: ReverseTask | None = None) -> torch.Tensor:

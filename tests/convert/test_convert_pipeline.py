@@ -163,7 +163,7 @@ def test_nan_in_a_later_piece_names_the_element(moe, tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8", "int4"])
-def test_weights_quantized_in_row_pieces_give_the_same_bytes(fmt, tmp_path, monkeypatch):
+def test_weights_quantized_in_row_pieces_give_the_same_bytes(fmt, tmp_path, monkeypatch, torch_path):
     """A weight larger than PIECE_BYTES is quantized a piece of whole scale blocks at a time
     (pcc.plan.encode.rollout_tensors(rows=)); the checkpoint is the same bytes as in one go."""
     src = tmp_path / "src"
@@ -202,7 +202,7 @@ def test_a_piece_that_is_not_whole_blocks_is_refused():
 
 
 @pytest.mark.parametrize("fmt,model", [("fp8_block", "tiny_moe"), ("nvfp4", "tiny_moe"), ("int4", "tiny_dense")])
-def test_recycled_codes_buffers_change_no_byte(fmt, model, tmp_path, monkeypatch):
+def test_recycled_codes_buffers_change_no_byte(fmt, model, tmp_path, monkeypatch, torch_path):
     """Quantized weights' codes go into buffers the writer hands back once written (`_Recycled`): the
     checkpoint is the bytes of fresh codes tensors, buffers are reused (fewer taken new than
     quantized tensors), and one is never handed out again before its bytes are written (every new

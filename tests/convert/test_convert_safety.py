@@ -149,19 +149,25 @@ def test_verify_reports_tampered_codes_and_config(moe, tmp_path, capsys):
     assert "config: config.json: quantization_config" in err
 
 
-def test_a_reader_failure_is_an_error_not_a_hang(moe, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("read", ["map", "map_bytes"])  # the torch pipeline's reads, pcc.convert.fast's
+def test_a_reader_failure_is_an_error_not_a_hang(moe, tmp_path, capsys, monkeypatch, read):
     """Regression: a tensor that failed to load mid-conversion once left the pipeline waiting forever."""
-    from pcc.convert import source
+    from pcc import fused
+    from pcc.convert import fast, source
 
+    if read == "map_bytes" and not fused.available():
+        pytest.skip("pcc.convert.fast needs llvmlite (pip install pcc[fast])")
     src, contract = moe
-    real = source.Source.map
+    real = getattr(source.Source, read)
 
-    def flaky(self, name, piece=None):
+    def flaky(self, name, *piece):
         if name.endswith("experts.3.down_proj.weight"):
             raise OSError(f"read error in {name}")
-        return real(self, name, piece)
+        return real(self, name, *piece)
 
-    monkeypatch.setattr(source.Source, "map", flaky)
+    if read == "map":
+        monkeypatch.setattr(fast, "eligible", lambda *a: None)
+    monkeypatch.setattr(source.Source, read, flaky)
     assert _convert(src, contract, tmp_path / "dst") == 1
     assert "read error" in capsys.readouterr().err and not (tmp_path / "dst").exists()
 

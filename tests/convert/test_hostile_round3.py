@@ -279,7 +279,8 @@ def test_the_lock_is_released_however_the_conversion_ends(moe, tmp_path, capsys,
 # ---- 6. Ctrl-C ----
 
 @pytest.mark.parametrize("step, shard_size, kept", [("_compute", "5GB", False), ("_finish", "100KB", True)])
-def test_ctrl_c_exits_130_saying_what_it_left(moe, tmp_path, capsys, monkeypatch, step, shard_size, kept):
+def test_ctrl_c_exits_130_saying_what_it_left(moe, tmp_path, capsys, monkeypatch, step, shard_size, kept,
+                                             torch_path):
     src, contract = moe
     dst = tmp_path / "dst"
     monkeypatch.setattr(run, step, _interrupt)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcc.numerics import fused, quantize
+from pcc import fused
+from pcc.numerics import quantize
 
 pytestmark = pytest.mark.skipif(not fused.available(), reason="llvmlite is not installed (pip install pcc[fast])")
 

@@ -200,6 +200,36 @@ ret.bad:
   ret i64 %sidx
 }
 """
+# the largest magnitude (bits & mask) of n 16- or 32-bit floats: for x >= 0 the bits order as the values do, so
+# it is at or above the format's inf exactly where NaN or inf is present (the check of tensors copied as stored)
+_MAGNITUDE_IR = """
+define i32 @magnitude_max_$W(ptr noalias nocapture readonly %x, i64 %n) {
+entry:
+  %empty = icmp sle i64 %n, 0
+  br i1 %empty, label %none, label %loop
+
+loop:
+  %i = phi i64 [0, %entry], [%i.next, %loop]
+  %m = phi i32 [0, %entry], [%m.1, %loop]
+  %p = getelementptr i$W, ptr %x, i64 %i
+  %v = load i$W, ptr %p
+  $WIDEN
+  %a = and i32 %w, $MASK
+  %m.1 = call i32 @llvm.umax.i32(i32 %m, i32 %a)
+  %i.next = add i64 %i, 1
+  %more = icmp slt i64 %i.next, %n
+  br i1 %more, label %loop, label %done
+
+done:
+  ret i32 %m.1
+
+none:
+  ret i32 0
+}
+"""
+_MAGNITUDE = {16: ("%w = zext i16 %v to i32", 32767), 32: ("%w = add i32 %v, 0", 2147483647)}
+_MAGNITUDE_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64)
+
 # source element -> (its IR type, how it becomes its value's float32 bits)
 _ELEMENTS = {
     "bf16": ("i16", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"),
@@ -210,6 +240,9 @@ _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c
 
 
 def _module(element: str) -> str:
+    if element == "magnitude":
+        return "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
+                       for w, (widen, mask) in _MAGNITUDE.items())
     ir_type, widen = _ELEMENTS[element]
     text = _IR.replace("@fp8_blocks", f"@fp8_blocks_{element}").replace("ELT", ir_type)
     for v, t in (("%v", "%w"), ("%v2", "%w2")):
@@ -218,8 +251,9 @@ def _module(element: str) -> str:
 
 
 def kernel(element: str):
-    """The compiled kernel for source elements "bf16" or "f32" (compiled once per process, each when first
-    asked for), or None without llvmlite or with PCC_FUSED=0."""
+    """The compiled block-FP8 kernel for source elements "bf16" or "f32", or ("magnitude") the magnitude
+    maxima of 16- and 32-bit floats by width; each compiled once per process when first asked for. None
+    without llvmlite or with PCC_FUSED=0."""
     got = _KERNELS.get(element, False)
     if got is False:
         with _LOCK:
@@ -272,6 +306,8 @@ def _jit(element: str):
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
     _ENGINES.append(engine)
+    if element == "magnitude":
+        return {w: _MAGNITUDE_SIGNATURE(engine.get_function_address(f"magnitude_max_{w}")) for w in _MAGNITUDE}
     return _SIGNATURE(engine.get_function_address(f"fp8_blocks_{element}"))
 
 
@@ -284,3 +320,9 @@ def fp8_fp32_blocks(element: str, x: int, codes: int, scales: int, rows: int, co
     scratch = ctypes.create_string_buffer(8 * cols)  # each column's max magnitude, then its block's scale
     at = ctypes.addressof(scratch)
     return kernel(element)(x, codes, scales, rows, cols, block_rows, block_cols, first, stop, at, at + 4 * cols)
+
+
+def magnitude_max(width: int, x: int, n: int) -> int:
+    """max(bits & the sign's complement) over the n `width`-bit (16 or 32) floats at address `x`; without the
+    GIL. `kernel("magnitude")` must not be None."""
+    return kernel("magnitude")[width](x, n)
