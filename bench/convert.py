@@ -41,13 +41,19 @@ from pathlib import Path
 from machine import add_busy, busy, machine, order
 
 ROOT = Path(tempfile.gettempdir()) / "pcc-bench-convert"
-# --layers N (handed to the children as PCC_BENCH_LAYERS): the same shapes with N decoder layers
-LAYERS = int(os.environ.get("PCC_BENCH_LAYERS", "4"))
-SRC = ROOT / ("src" if LAYERS == 4 else f"src-{LAYERS}-layers")
+# --large (handed to the children as PCC_BENCH_SIZE=large): the same shapes with more layers, 5+ GB each;
+# --tiny (tests/test_bench_smoke.py): a few MB, the same code paths
+SIZE = os.environ.get("PCC_BENCH_SIZE", "default")
+LARGE, TINY = SIZE == "large", SIZE == "tiny"
+LAYERS = 12 if LARGE else 2 if TINY else 4
+SRC = ROOT / ("tiny-src" if TINY else "src" if LAYERS == 4 else f"src-{LAYERS}-layers")
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
           "intermediate_size": 14336, "num_hidden_layers": LAYERS, "num_attention_heads": 32, "num_key_value_heads": 8,
           "head_dim": 128, "vocab_size": 16384, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
           "torch_dtype": "bfloat16"}
+if TINY:
+    CONFIG |= {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 64, "vocab_size": 1024}
 CONTRACT = """contract bench-fp8 {
   model llama3_8b
   hardware H100
@@ -58,6 +64,29 @@ CONTRACT = """contract bench-fp8 {
   trainer megatron { gemm : bf16 optimizer adam }
   trainable all
   sync full_weights { schedule colocated bridge bf16 activation atomic }
+}
+"""
+# A Qwen3-MoE with many small tensors, random weights written by transformers' save_pretrained: 16 layers of
+# 32 experts [384, 1024] and q/k/v/o with biases, 1,747 tensors, 1.44 GB (--large: 60 layers, 6,543, 5.3 GB)
+MOE_LAYERS = 60 if LARGE else 2 if TINY else 16
+MOE_SRC = ROOT / ("tiny-moe" if TINY else "moe" if MOE_LAYERS == 16 else f"moe-{MOE_LAYERS}-layers")
+MOE_CONFIG = {"hidden_size": 1024, "intermediate_size": 3072, "moe_intermediate_size": 384,
+              "num_hidden_layers": MOE_LAYERS, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
+              "vocab_size": 32000, "num_experts": 32, "num_experts_per_tok": 4, "attention_bias": True,
+              "tie_word_embeddings": False}
+if TINY:
+    MOE_CONFIG |= {"hidden_size": 256, "moe_intermediate_size": 192, "num_experts": 4, "vocab_size": 512}
+MOE_CONTRACT = """contract bench-moe-fp8 {
+  model from "%s"
+  hardware H100
+  rollout sglang {
+    linear : fp8_block
+    keep bf16 : embed, lm_head, norm, router
+  }
+  trainer megatron { gemm : bf16 optimizer adam }
+  trainable all
+  sync full_weights { schedule colocated bridge bf16 activation atomic }
+  routing replay rollout
 }
 """
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "head_dim": 128, "vocab_size": 32000,
@@ -215,16 +244,131 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
-def floor(dst: Path) -> None:
+def _moe_contract(src: Path) -> Path:
+    return src.with_name(f"{src.name}.prec")
+
+
+def generate_moe(src: Path = MOE_SRC) -> None:
+    """The Qwen3-MoE source, written by transformers' save_pretrained (once: a marker beside it says it is whole)."""
+    done = src.with_name(src.name + ".complete")
+    _moe_contract(src).write_text(MOE_CONTRACT % src)
+    if done.is_file():
+        return
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    shutil.rmtree(src, ignore_errors=True)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)  # initialized in BF16: no float32 copy of the model
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_CONFIG)).save_pretrained(str(src))
+    done.write_text("")
+
+
+# checkpoint -> (label, source, contract, generator, tensors a straightforward converter keeps BF16)
+CHECKPOINTS = {
+    "llama": (f"LLaMA ({LAYERS} layers)", SRC, ROOT / "bench.prec", generate, ("embed", "lm_head")),
+    "moe": (f"Qwen3-MoE ({MOE_LAYERS} layers, {MOE_CONFIG['num_experts']} experts)", MOE_SRC, _moe_contract(MOE_SRC),
+            generate_moe,
+            ("embed", "lm_head", "mlp.gate.")),
+}
+
+
+def _out_sizes(ckpt: str) -> Path:
+    return ROOT / f"{CHECKPOINTS[ckpt][1].name}.out-sizes.json"
+
+
+def physical(dst: Path, ckpt: str) -> None:
+    """The physical floor: every source byte read once (pread from the files the conversion reads) and the
+    bytes of pcc's output shards written as pcc's writer writes them (pcc.convert.shards._Direct): O_DIRECT
+    from two page-aligned 16 MiB staging buffers, one written on a disk thread while the next is read into
+    the other, the last block zero-padded, each file truncated to its size, fsynced and renamed, then the
+    directory fsynced. Nothing is computed: what is written is the source's first bytes."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    stage, align = 16 << 20, 4096
+    src = CHECKPOINTS[ckpt][1]
+    shards = json.loads(_out_sizes(ckpt).read_text())
+    fds = [os.open(f, os.O_RDONLY) for f in sorted(src.glob("*.safetensors"))]
+    total_in = sum(os.fstat(fd).st_size for fd in fds)
+    total_out = sum(size for _, size in shards)
+    at = [0, 0, 0]  # source file, offset in it, bytes read in all
+
+    def fill(view: memoryview) -> int:
+        """Read the next source bytes into `view` (across files); how many were read."""
+        n = 0
+        while n < len(view) and at[0] < len(fds):
+            got = os.preadv(fds[at[0]], [view[n:]], at[1])
+            if got == 0:
+                at[0], at[1] = at[0] + 1, 0
+                continue
+            n, at[1], at[2] = n + got, at[1] + got, at[2] + got
+        return n
+
+    def write_all(fd: int, buf, length: int) -> None:
+        done = 0
+        with memoryview(buf) as whole:
+            while done < length:
+                with whole[done:length] as view:
+                    done += os.write(fd, view)
+
+    bufs = [mmap.mmap(-1, stage) for _ in range(2)]
+    spare = mmap.mmap(-1, stage)  # the source bytes beyond what is written, read in step with the writes
+    pool = ThreadPoolExecutor(1)
+    pending = [None, None]
+    dst.mkdir()
+    k, written = 0, 0
+    for name, size in shards:
+        tmp = dst / (name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o666)
+        except OSError:  # a filesystem without O_DIRECT (tmpfs): written through the page cache, as pcc would
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        left = size
+        while left:
+            if pending[k] is not None:
+                pending[k].result()
+            n = min(stage, left)
+            with memoryview(bufs[k]) as view:
+                if fill(view[:n]) < n:
+                    raise SystemExit(f"{src}: smaller than the output")
+            pending[k] = pool.submit(write_all, fd, bufs[k], -(-n // align) * align)
+            k, left, written = 1 - k, left - n, written + n
+            # the rest of the source read in step with the writes (what is still to be written kept for them)
+            goal = min(written * total_in // total_out, total_in - (total_out - written))
+            with memoryview(spare) as view:
+                while at[2] < goal and fill(view[:min(stage, goal - at[2])]):
+                    pass
+        for p in pending:
+            if p is not None:
+                p.result()
+        pending = [None, None]
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(tmp, dst / name)
+    with memoryview(spare) as view:
+        while fill(view):
+            pass
+    pool.shutdown()
+    for fd in fds:
+        os.close(fd)
+    fd = os.open(dst, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
+def floor(dst: Path, ckpt: str) -> None:
+    """The copy floor: safetensors `load_file` + `save_file` of every source shard, unchanged."""
     from safetensors.torch import load_file, save_file
 
     dst.mkdir()
-    for f in sorted(SRC.glob("*.safetensors")):
+    for f in sorted(CHECKPOINTS[ckpt][1].glob("*.safetensors")):
         save_file(load_file(str(f)), str(dst / f.name))
     _fsync_tree(dst)
 
 
-def straightforward(dst: Path) -> None:
+def straightforward(dst: Path, ckpt: str) -> None:
     """One shard at a time, no overlap: read it, quantize each linear weight whole, write it."""
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -232,13 +376,14 @@ def straightforward(dst: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from quantize import straightforward_fp8_block
 
+    _, src, _, _, wide = CHECKPOINTS[ckpt]
     dst.mkdir()
-    for f in sorted(SRC.glob("*.safetensors")):
+    for f in sorted(src.glob("*.safetensors")):
         out = {}
         with safe_open(str(f), framework="pt") as h:
             for name in h.keys():
                 t = h.get_tensor(name)
-                if t.dim() == 2 and "embed" not in name and "lm_head" not in name:
+                if t.dim() == 2 and not any(w in name for w in wide):
                     out[name], out[name[:-7] + ".weight_scale_inv"] = straightforward_fp8_block(t)
                 else:
                     out[name] = t
@@ -246,13 +391,14 @@ def straightforward(dst: Path) -> None:
     _fsync_tree(dst)
 
 
-def pcc_convert(dst: Path) -> None:
+def pcc_convert(dst: Path, ckpt: str) -> None:
     from pcc.convert.run import convert
 
-    convert(str(ROOT / "bench.prec"), str(SRC), str(dst))
+    _, src, contract, _, _ = CHECKPOINTS[ckpt]
+    convert(str(contract), str(src), str(dst))
 
 
-def llmcompressor(dst: Path) -> None:
+def llmcompressor(dst: Path, ckpt: str) -> None:
     import logging
 
     from llmcompressor import model_free_ptq
@@ -260,26 +406,43 @@ def llmcompressor(dst: Path) -> None:
 
     logger.remove()  # its per-file log lines would drown the table
     logging.disable(logging.WARNING)
-    model_free_ptq(str(SRC), str(dst), scheme="FP8_BLOCK", ignore=["lm_head"], device="cpu")
+    ignore = ["lm_head"] + (["re:.*mlp.gate$"] if ckpt == "moe" else [])
+    model_free_ptq(str(CHECKPOINTS[ckpt][1]), str(dst), scheme="FP8_BLOCK", ignore=ignore, device="cpu")
     _fsync_tree(dst)
 
 
-METHODS = {"floor": floor, "straightforward": straightforward, "pcc": pcc_convert, "llm-compressor": llmcompressor}
-LABELS = {"floor": "safetensors read+write", "straightforward": "straightforward fp8",
-          "pcc": "pcc convert (fp8_block)", "llm-compressor": "llm-compressor model_free_ptq"}
+METHODS = {"physical": physical, "floor": floor, "straightforward": straightforward, "pcc": pcc_convert,
+           "llm-compressor": llmcompressor}
+LABELS = {"physical": "physical floor (read, write out)", "floor": "copy floor (safetensors)",
+          "straightforward": "straightforward fp8", "pcc": "pcc convert (fp8_block)",
+          "llm-compressor": "llm-compressor model_free_ptq"}
 
 
-def child(method: str) -> None:
+def child(method: str, ckpt: str) -> None:
     dst = ROOT / f"out-{method}"
     shutil.rmtree(dst, ignore_errors=True)
     before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    METHODS[method](dst)
+    METHODS[method](dst, ckpt)
     secs = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # every thread, user + kernel
     shutil.rmtree(dst, ignore_errors=True)
     print(json.dumps({"seconds": secs, "cpu": cpu, "peak_rss": after.ru_maxrss * 1024}))
+
+
+def sizes_child(ckpt: str) -> None:
+    """An untimed pcc conversion (it also brings the source into the page cache): its output shards' sizes,
+    which the physical floor writes, saved beside the source."""
+    from pcc.convert.run import convert
+
+    _, src, contract, _, _ = CHECKPOINTS[ckpt]
+    dst = ROOT / "out-sizes"
+    shutil.rmtree(dst, ignore_errors=True)
+    convert(str(contract), str(src), str(dst))
+    shards = sorted((f.name, f.stat().st_size) for f in dst.glob("*.safetensors"))
+    _out_sizes(ckpt).write_text(json.dumps(shards))
+    shutil.rmtree(dst, ignore_errors=True)
 
 
 def calibration_child(label: str, calibrate: bool) -> None:
@@ -329,43 +492,95 @@ def _has_llmcompressor(python: str) -> bool:
     return probe.returncode == 0
 
 
-def compare(rounds: int, llmc_python: str) -> None:
+def _tensor_count(path: Path) -> int:
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return len(header) - ("__metadata__" in header)
+
+
+def _path(tree: str) -> dict:
+    """The environment of a child that imports pcc from `tree` (and what PYTHONPATH held already)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p)}
+
+
+def _has_fused(tree: str) -> bool:
+    probe = subprocess.run([sys.executable, "-c", "from pcc import fused; raise SystemExit(not fused.available())"],
+                           capture_output=True, env=os.environ | _path(tree))
+    return probe.returncode == 0
+
+
+def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], baseline: str | None) -> None:
     # Generated in a child too: a child's peak RSS starts at its parent's RSS when it was forked,
     # so this process must not grow (generating here would add ~1.4 GB to every method's figure).
-    subprocess.run([sys.executable, __file__, "--generate"], check=True)
-    size = sum(f.stat().st_size for f in SRC.glob("*.safetensors"))
-    methods = {m: sys.executable for m in ("floor", "straightforward", "pcc")}
-    if _has_llmcompressor(llmc_python):
-        methods["llm-compressor"] = llmc_python
+    here = str(Path(__file__).resolve().parents[1])
+    llmc = _has_llmcompressor(llmc_python)
+    if not llmc:
+        print(f"llm-compressor: not importable by {llmc_python} (pip install -e .[bench]): '-' in its row")
+    fused = _has_fused(here)
+    # row -> (label, method, python, environment)
+    rows = {"physical": (LABELS["physical"], "physical", sys.executable, {}),
+            "floor": (LABELS["floor"], "floor", sys.executable, {}),
+            "straightforward": (LABELS["straightforward"], "straightforward", sys.executable, {}),
+            "pcc": (LABELS["pcc"] + ("" if fused else ", torch"), "pcc", sys.executable, _path(here))}
+    if fused:
+        rows["pcc-torch"] = ("  the same, PCC_FUSED=0 (torch)", "pcc", sys.executable,
+                             _path(here) | {"PCC_FUSED": "0"})
     else:
-        print(f"llm-compressor: not importable by {llmc_python} (pip install -e .[bench]); left out")
-    print(f"checkpoint {SRC}: {size / 1e9:.2f} GB BF16; {machine()}")
-    print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process")
-    runs: dict[str, list[dict]] = {m: [] for m in methods}
-    names = list(methods)
-    for r in range(rounds):
-        for m in order(names, r):
-            out = subprocess.run([methods[m], __file__, "--child", m], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{m} failed:\n{out.stderr[-3000:]}")
-            runs[m].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    best = {m: {**min(rs, key=lambda r: r["seconds"]), "peak_rss": max(r["peak_rss"] for r in rs),
-                "all": [round(r["seconds"], 2) for r in rs]} for m, rs in runs.items()}
-    print(f"{'method':<31}{'GB/s of input':>14}{'seconds':>9}{'x floor':>9}{'CPU s':>7}{'peak RSS':>11}"
-          "  every round (s); CPU: the best round's; RSS: the largest")
-    for m in names:
-        r = best[m]
-        print(f"{LABELS[m]:<31}{size / r['seconds'] / 1e9:>14.2f}{r['seconds']:>9.2f}"
-              f"{r['seconds'] / best['floor']['seconds']:>9.2f}{r['cpu']:>7.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}")
+        print("llvmlite: not importable (pip install -e .[fast]): pcc converts with torch")
+    if baseline:
+        rows["baseline"] = (f"  pcc of {Path(baseline).name}", "pcc", sys.executable,
+                            _path(str(Path(baseline).resolve())))
+    if llmc:
+        rows["llm-compressor"] = (LABELS["llm-compressor"], "llm-compressor", llmc_python, {})
+    rows = {k: v for k, v in rows.items() if k not in skip or k in ("physical", "floor")}
+    print(machine())
+    print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process; "
+          "x physical, x copy: seconds over each floor's; CPU s: user + system of every thread, the best round's; "
+          "RSS: the largest")
+    names = list(rows)
+    for ckpt in only:
+        label, src, _, _, _ = CHECKPOINTS[ckpt]
+        subprocess.run([sys.executable, __file__, "--generate", ckpt], check=True)
+        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True)
+        files = sorted(src.glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        tensors = sum(_tensor_count(f) for f in files)
+        out = sum(s for _, s in json.loads(_out_sizes(ckpt).read_text()))
+        runs: dict[str, list[dict]] = {m: [] for m in names}
+        for r in range(rounds):
+            for m in order(names, r):
+                _, method, python, env = rows[m]
+                got = subprocess.run([python, __file__, "--child", method, ckpt], capture_output=True, text=True,
+                                     env=os.environ | env)
+                if got.returncode != 0:
+                    raise SystemExit(f"{m} ({ckpt}) failed:\n{got.stderr[-3000:]}")
+                runs[m].append(json.loads(got.stdout.strip().splitlines()[-1]))
+        best = {m: {**min(rs, key=lambda r: r["seconds"]), "peak_rss": max(r["peak_rss"] for r in rs),
+                    "all": [round(r["seconds"], 2) for r in rs]} for m, rs in runs.items()}
+        print(f"\n{label}: {size / 1e9:.2f} GB BF16 in {len(files)} file(s), {tensors:,} tensors; "
+              f"pcc writes {out / 1e9:.2f} GB")
+        print(f"{'method':<36}{'GB/s in':>8}{'seconds':>9}{'x physical':>11}{'x copy':>8}{'CPU s':>7}"
+              f"{'peak RSS':>11}  every round (s)")
+        for m in names + ([] if llmc else ["llm-compressor"]):
+            if m not in best:
+                print(f"{LABELS[m]:<36}{'-':>8}{'-':>9}{'-':>11}{'-':>8}{'-':>7}{'-':>11}")
+                continue
+            r = best[m]
+            print(f"{rows[m][0]:<36}{size / r['seconds'] / 1e9:>8.2f}{r['seconds']:>9.2f}"
+                  f"{r['seconds'] / best['physical']['seconds']:>11.2f}{r['seconds'] / best['floor']['seconds']:>8.2f}"
+                  f"{r['cpu']:>7.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}", flush=True)
     print("after: " + machine())
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3])
         return
-    if sys.argv[1:] == ["--generate"]:
-        generate()
+    if len(sys.argv) == 3 and sys.argv[1] == "--generate":
+        CHECKPOINTS[sys.argv[2]][3]()
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--sizes":
+        sizes_child(sys.argv[2])
         return
     if len(sys.argv) == 3 and sys.argv[1] == "--generate-calibration":
         generate(*calibration_source(sys.argv[2]))
@@ -391,17 +606,24 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--layers", type=int, default=4, help="decoder layers of the generated checkpoint "
-                    "(4: 2.01 GB; each layer 0.44 GB more)")
+    ap.add_argument("--large", action="store_true", help="5+ GB checkpoints: LLaMA with 12 layers (5.5 GB), "
+                    "the Qwen3-MoE with 60 (5.3 GB)")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # tests/test_bench_smoke.py
+    ap.add_argument("--only", nargs="+", choices=list(CHECKPOINTS), default=list(CHECKPOINTS),
+                    help="the checkpoints to convert (default: both)")
+    ap.add_argument("--skip", nargs="+", default=[], choices=["straightforward", "pcc-torch", "llm-compressor"],
+                    help="rows to leave out (straightforward fp8 takes 25-75 s a round and 6 GB on the MoE)")
+    ap.add_argument("--baseline", metavar="DIR", help="also convert with the pcc of another checkout (e.g. a "
+                    "`git archive` of main), interleaved with the rest")
     add_busy(ap)
     ap.add_argument("--llmcompressor-python", default=sys.executable,
                     help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
     args = ap.parse_args()
-    if args.layers != LAYERS:  # the module-level paths follow the environment: run again with it set
-        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]],
-                  os.environ | {"PCC_BENCH_LAYERS": str(args.layers)})
+    size = "large" if args.large else "tiny" if args.tiny else "default"
+    if size != SIZE:  # the module-level paths follow the environment: run again with it set
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], os.environ | {"PCC_BENCH_SIZE": size})
     with busy(args.busy):
-        compare(args.rounds, args.llmcompressor_python)
+        compare(args.rounds, args.llmcompressor_python, args.only, args.skip, args.baseline)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,15 @@ def test_html_map_bench_renders_both_pages(tmp_path):
 def test_lsp_bench_beside_a_check_process():
     out = _run("lsp.py", "--rounds", "1", "contracts/tiny_cpu.prec")
     assert any(line.startswith("tiny_cpu.prec") and line.count("s") >= 2 for line in out.splitlines())
+
+
+def test_convert_bench_prints_both_floors_for_both_checkpoints():
+    pytest.importorskip("transformers")  # the MoE checkpoint is written by its save_pretrained
+    out = _run("convert.py", "--tiny", "--rounds", "1", "--skip", "straightforward")
+    tables = out.split("\nLLaMA")[1].split("\nQwen3-MoE")
+    assert len(tables) == 2
+    for table in tables:
+        rows = {line[:36].strip(): line[36:].split() for line in table.splitlines()[2:] if line[:1] not in ("", "a")}
+        assert rows["physical floor (read, write out)"][2] == "1.00"  # x physical
+        assert rows["copy floor (safetensors)"][3] == "1.00"  # x copy
+        assert any(k.startswith("pcc convert") for k in rows) and rows["llm-compressor model_free_ptq"]
