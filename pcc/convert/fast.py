@@ -1,9 +1,10 @@
 """The converter without torch: where every work item is a tensor written as stored or a BF16/float32 weight
 quantized to block FP8 with float32 scales, and pcc.numerics.fused's kernels compile (llvmlite installed),
-`pcc convert` streams the checkpoint with numpy buffers and those kernels and never imports torch.
+`pcc convert` streams the checkpoint with those kernels through plain buffers (bytearrays, mappings) and never
+imports torch, nor numpy.
 
 Importing torch takes 1.0-1.2 CPU-seconds on this machine, before anything else can run: about a third of
-block-FP8 conversions of the bench's 1-2 GB checkpoints (docs/convert.md "Speed"). The bytes are those of
+block-FP8 conversions of the bench's 1-2 GB checkpoints (docs/convert.md "Speed"); numpy 0.14. The bytes are those of
 `pcc.convert.run._pipeline` (tests/convert/test_convert_bytes.py pins them for both paths): the same pieces
 (PIECE_BYTES, whole 128-row scale blocks), the kernel of `pcc.numerics.quantize`'s fused branch, the same
 writer. Its threads: a reader maps the source pieces (`Source.map_bytes`), the caller's thread checks
@@ -22,7 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from pcc.convert import ConvertError
-from pcc.convert.shards import ST_BYTES
+from pcc.convert.shards import ST_BYTES, buffer_address
 
 # source dtype -> (its magnitude's width in bits, the magnitude of inf): copied tensors checked for NaN/inf
 _CHECKED = {"BF16": (16, 0x7F80), "F16": (16, 0x7C00), "F32": (32, 0x7F800000)}
@@ -106,26 +107,24 @@ def _workers() -> ThreadPoolExecutor:
 
 
 class _Recycled:
-    """Codes buffers the writer has finished with (pcc.convert.run._Recycled, as numpy arrays)."""
+    """Codes buffers the writer has finished with (pcc.convert.run._Recycled, as bytearrays: a new one is
+    zeroed, a recycled one is not)."""
 
     def __init__(self, keep: int):
         self._free: list = []
         self._keep = keep
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int):
-        import numpy as np
+    def take(self, nbytes: int) -> bytearray:
+        if nbytes >= _RECYCLE_MIN:
+            with self._lock:
+                fits = [k for k, b in enumerate(self._free) if len(b) >= nbytes]
+                if fits:
+                    return self._free.pop(min(fits, key=lambda k: len(self._free[k])))
+        return bytearray(nbytes)
 
-        if nbytes < _RECYCLE_MIN:
-            return np.empty(nbytes, dtype=np.uint8)
-        with self._lock:
-            fits = [k for k, b in enumerate(self._free) if b.size >= nbytes]
-            if fits:
-                return self._free.pop(min(fits, key=lambda k: self._free[k].size))
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def give(self, buf) -> None:
-        if buf.size >= _RECYCLE_MIN:
+    def give(self, buf: bytearray) -> None:
+        if len(buf) >= _RECYCLE_MIN:
             with self._lock:
                 if len(self._free) < self._keep:
                     self._free.append(buf)
@@ -133,8 +132,6 @@ class _Recycled:
 
 def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
     """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted)."""
-    import numpy as np  # (the writer's staging copies import it anyway)
-
     from pcc import fused
     from pcc.convert import run
 
@@ -204,10 +201,11 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                         raise _torch_error(plan, src, it, r0, data)
                     _, _, codes_name, scales_name, _, _ = specs[name]
                     if writer.wanted(codes_name):
-                        writer.write(codes_name, codes[:nbytes], final)
+                        with memoryview(codes) as view:
+                            writer.write(codes_name, view[:nbytes], final)
                     recycled.give(codes)
                     if final and writer.wanted(scales_name):
-                        writer.write(scales_name, scales.reshape(-1).view(np.uint8), True)
+                        writer.write(scales_name, scales, True)
                 del data, item  # (a mapped piece is unmapped once nothing views it)
                 slots.give()
         except BaseException as err:
@@ -232,8 +230,8 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
             dtype = src.entries[name]["dtype"]
             if it["copy"]:  # checked finite, then written
                 check = _CHECKED.get(dtype)
-                if check is not None and fused.magnitude_max(check[0], data.ctypes.data, data.nbytes * 8 // check[0]) \
-                        >= check[1]:
+                if check is not None and data.nbytes and \
+                        fused.magnitude_max(check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
                     raise _nonfinite(src, name, first, data, check)
                 put(out, (it, first, data, final, None))
                 if bar is not None:
@@ -243,7 +241,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
             n = data.nbytes // (k * ST_BYTES[dtype])
             nbr, nbc = -(-nrows // r), -(-k // c)
             if first == 0:
-                scales_of[name] = np.empty((nbr, nbc), dtype=np.float32)
+                scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
             scales = scales_of.pop(name) if final else scales_of[name]
             codes = recycled.take(n * k)
             element, at = _ELEMENT[dtype], first // r * nbc * 4
@@ -276,8 +274,8 @@ def _quantize(element: str, data, codes, scales, at: int, n: int, k: int, r: int
     the queues after an error is not unmapped while a kernel still reads it."""
     from pcc import fused
 
-    return fused.fp8_fp32_blocks(element, data.ctypes.data, codes.ctypes.data, scales.ctypes.data + at, n, k, r, c,
-                                 first, stop)
+    return fused.fp8_fp32_blocks(element, buffer_address(data), buffer_address(codes), buffer_address(scales) + at,
+                                 n, k, r, c, first, stop)
 
 
 def _nonfinite(src, name: str, first: int, data, check) -> ConvertError:
@@ -285,7 +283,7 @@ def _nonfinite(src, name: str, first: int, data, check) -> ConvertError:
     import numpy as np
 
     width, inf = check
-    bits = data.view(np.uint16 if width == 16 else np.uint32) & (0x7FFF if width == 16 else 0x7FFFFFFF)
+    bits = np.frombuffer(data, dtype=np.uint16 if width == 16 else np.uint32) & (0x7FFF if width == 16 else 0x7FFFFFFF)
     at = int(np.flatnonzero(bits >= inf)[0])
     return ConvertError(f"{src.file_of(name)}: {name} holds NaN or inf (first at flat element {first + at})")
 
@@ -300,7 +298,7 @@ def _torch_error(plan, src, it: dict, r0: int, data) -> ConvertError:
 
     dtype = src.entries[it["source"]]["dtype"]
     *_, k = plan.catalog.operators[plan.index[it["source"]]].shape
-    values = torch.from_numpy(np.array(data).view(np.uint16 if dtype == "BF16" else np.float32))
+    values = torch.from_numpy(np.frombuffer(bytes(data), dtype=np.uint16 if dtype == "BF16" else np.float32).copy())
     x = (values.view(torch.bfloat16) if dtype == "BF16" else values).reshape(-1, k)
     try:
         if it["rows"]:

@@ -151,10 +151,10 @@ class Source:
             return None
 
     def map_bytes(self, name: str, first: int, count: int):
-        """Bytes [first, first + count) of stored tensor `name`'s data as a numpy uint8 array over a private
-        mapping whose page tables are filled (`map` without torch: pcc.convert.fast), or read with pread
-        where the file cannot be mapped."""
-        import numpy as np
+        """Bytes [first, first + count) of stored tensor `name`'s data as a memoryview of a private mapping whose
+        page tables are filled (`map` without torch or numpy: pcc.convert.fast), or of a bytearray read with
+        pread where the file cannot be mapped. The mapping goes when the view does."""
+        from pcc.convert.shards import buffer_address
 
         file = self.where[name]
         begin, end = self.entries[name]["data_offsets"]
@@ -166,17 +166,17 @@ class Source:
         base = self.data_start[file] + begin + first
         mapped = self._mapping(fd, file, name, base, count) if count else None
         if mapped is None:
-            buf, done = np.empty(count, dtype=np.uint8), 0
-            while done < count:
-                got = os.preadv(fd, [memoryview(buf)[done:]], base + done)
-                if got <= 0:
-                    raise ConvertError(f"{self.root / file}: truncated while reading {name}")
-                done += got
-            return buf
+            buf, done = bytearray(count), 0
+            with memoryview(buf) as view:
+                while done < count:
+                    got = os.preadv(fd, [view[done:]], base + done)
+                    if got <= 0:
+                        raise ConvertError(f"{self.root / file}: truncated while reading {name}")
+                    done += got
+            return memoryview(buf)
         m, skip = mapped
-        window = np.frombuffer(m, dtype=np.uint8, count=count, offset=skip)
-        _populate(window.ctypes.data - skip, skip + count)
-        return window
+        _populate(buffer_address(m), skip + count)
+        return memoryview(m)[skip:skip + count]
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----
 
