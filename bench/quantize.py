@@ -4,8 +4,10 @@
 
 For each format, in the same process and the same run: `cast` (x.to(float8_e4m3fn), no amax, no
 scale: the floor), `straightforward` (the whole-tensor quantizer public converters write: pad,
-reshape into blocks, amax, scale, divide, round or cast, pack; torch's default threads), and
-`pcc.numerics.quantize`. The three run interleaved, in an order that alternates each round, and
+reshape into blocks, amax, scale, divide, round or cast, pack; torch's default threads), the same on
+one intra-op thread (`1 thread`: the same eager kernels without OpenMP's waits, which a loaded machine
+makes long), and `pcc.numerics.quantize`; where llvmlite is installed, fp8_block is pcc.fused's kernel
+and a `torch path` row measures it with the kernel off. The four run interleaved, in an order that alternates each round, and
 each keeps its best of the rounds, so a burst of load from other processes hits all of them
 alike. The straightforward codes are checked equal to pcc's (a wrong fast quantizer proves
 nothing). `--busy` runs a CPU-bound process beside the bench for its whole duration. GB/s counts
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from machine import add_busy, busy, interleaved, machine
 
+from pcc import fused
 from pcc.numerics import quantize
 
 E2M1_MID = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
@@ -108,20 +111,50 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+def _one_thread(fn):
+    """fn on one intra-op thread (torch's count put back after)."""
+    def run():
+        keep = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(keep)
+    return run
+
+
+def _torch_path(fn):
+    """fn with pcc.fused's kernels off: pcc.numerics.quantize's torch path."""
+    def run():
+        keep = dict(fused._KERNELS)
+        fused._KERNELS.update(bf16=None, f32=None)
+        try:
+            return fn()
+        finally:
+            fused._KERNELS.clear()
+            fused._KERNELS.update(keep)
+    return run
+
+
 def run(n: int, rounds: int) -> None:
     x = torch.randn(n, n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     gb = x.numel() * x.element_size() / 1e9
     print(f"\n{n}x{n} bf16 ({gb * 1e3:.0f} MB), best of {rounds} interleaved rounds; torch threads "
-          f"{torch.get_num_threads()} (straightforward, cast), pcc: its chunk workers")
-    print(f"{'format':<11}{'cast GB/s':>10}{'straightfwd':>12}{'pcc GB/s':>10}{'pcc/straightfwd':>16}"
-          f"{'pcc/cast':>10}  same codes")
-    for fmt, (name, ref) in FORMATS.items():
+          f"{torch.get_num_threads()} (straightforward, cast), pcc: its chunk workers; 1 thread: straightforward on "
+          "one intra-op thread")
+    print(f"{'format':<17}{'cast GB/s':>10}{'straightfwd':>12}{'1 thread':>9}{'pcc GB/s':>10}{'pcc/straightfwd':>16}"
+          f"{'pcc/1 thread':>13}{'pcc/cast':>10}  same codes")
+    rows = [(fmt, name, ref, lambda name=name: quantize(x, name)) for fmt, (name, ref) in FORMATS.items()]
+    if fused.available():  # fp8_block's fused kernel (pcc.fused) is on in its row above; this row: without it
+        rows.insert(1, ("  torch path", "fp8_block", FORMATS["fp8_block"][1], _torch_path(lambda: quantize(x, "fp8_block"))))
+    for fmt, name, ref, pcc in rows:
         t = interleaved({"cast": lambda: x.to(torch.float8_e4m3fn), "straightforward": lambda: ref(x),
-                         "pcc": lambda: quantize(x, name)}, rounds, warm=True)
-        q, (codes, _) = quantize(x, name), ref(x)
+                         "1 thread": _one_thread(lambda: ref(x)), "pcc": pcc}, rounds, warm=True)
+        q, (codes, _) = pcc(), ref(x)
         same = torch.equal(_bytes(q.codes), _bytes(codes))
-        print(f"{fmt:<11}{gb / t['cast']:>10.2f}{gb / t['straightforward']:>12.2f}{gb / t['pcc']:>10.2f}"
-              f"{t['straightforward'] / t['pcc']:>15.1f}x{t['cast'] / t['pcc']:>9.2f}x  {same}", flush=True)
+        print(f"{fmt:<17}{gb / t['cast']:>10.2f}{gb / t['straightforward']:>12.2f}{gb / t['1 thread']:>9.2f}"
+              f"{gb / t['pcc']:>10.2f}{t['straightforward'] / t['pcc']:>15.1f}x{t['1 thread'] / t['pcc']:>12.1f}x"
+              f"{t['cast'] / t['pcc']:>9.2f}x  {same}", flush=True)
 
 
 def main() -> None:
