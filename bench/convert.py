@@ -518,9 +518,9 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
         print(f"llm-compressor: not importable by {llmc_python} (pip install -e .[bench]): '-' in its row")
     fused = _has_fused(here)
     # row -> (label, method, python, environment)
-    rows = {"physical": (LABELS["physical"], "physical", sys.executable, {}),
-            "floor": (LABELS["floor"], "floor", sys.executable, {}),
-            "straightforward": (LABELS["straightforward"], "straightforward", sys.executable, {}),
+    rows = {"physical": (LABELS["physical"], "physical", sys.executable, _path(here)),
+            "floor": (LABELS["floor"], "floor", sys.executable, _path(here)),
+            "straightforward": (LABELS["straightforward"], "straightforward", sys.executable, _path(here)),
             "pcc": (LABELS["pcc"] + ("" if fused else ", torch"), "pcc", sys.executable, _path(here))}
     if fused:
         rows["pcc-torch"] = ("  the same, PCC_FUSED=0 (torch)", "pcc", sys.executable,
