@@ -45,6 +45,8 @@ ROOT = Path(tempfile.gettempdir()) / "pcc-bench-convert"
 # --tiny (tests/test_bench_smoke.py): a few MB, the same code paths
 SIZE = os.environ.get("PCC_BENCH_SIZE", "default")
 LARGE, TINY = SIZE == "large", SIZE == "tiny"
+if TINY:  # the smoke test's own folder: a bench someone runs meanwhile keeps its outputs
+    ROOT = ROOT / "tiny"
 LAYERS = 12 if LARGE else 2 if TINY else 4
 SRC = ROOT / ("tiny-src" if TINY else "src" if LAYERS == 4 else f"src-{LAYERS}-layers")
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -420,7 +422,8 @@ LABELS = {"physical": "physical floor (read, write out)", "floor": "copy floor (
 
 def child(method: str, ckpt: str) -> None:
     dst = ROOT / f"out-{method}"
-    shutil.rmtree(dst, ignore_errors=True)
+    for old in (dst, ROOT / f".{dst.name}.partial"):  # a killed earlier run's output or pcc's staging
+        shutil.rmtree(old, ignore_errors=True)
     before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     METHODS[method](dst, ckpt)
