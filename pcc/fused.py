@@ -1,5 +1,5 @@
-"""A fused block-FP8 quantizing kernel, compiled for this CPU by llvmlite where it is installed (an optional
-dependency, `pip install pcc[fast]`: LLVM in a wheel, no compiler on the machine); `pcc.numerics.quantize`
+"""A fused block-FP8 quantizing kernel, compiled for this CPU by llvmlite (a dependency:
+LLVM in a wheel, no compiler on the machine); `pcc.numerics.quantize`
 uses it where it gives that module's own bytes, and its torch path everywhere else.
 
 E4M3 scaled by float32 blocks, rows or runs (`fp8_block`, `fp8_row`) of BF16 or float32 weights, one block

@@ -1,5 +1,5 @@
 """The converter without torch: where every work item is a tensor written as stored or a BF16/float32 weight
-quantized to block FP8 with float32 scales, and pcc.numerics.fused's kernels compile (llvmlite installed),
+quantized to block FP8 with float32 scales, and pcc.fused's kernels compile (llvmlite, a dependency),
 `pcc convert` streams the checkpoint with those kernels through plain buffers (bytearrays, mappings) and never
 imports torch, nor numpy.
 

@@ -610,7 +610,7 @@ def quantize(x: torch.Tensor, scheme: Scheme | str | dict, role: str = "weight",
 
 
 def _fusable(x2: torch.Tensor, scheme: Scheme, geo: Geometry) -> bool:
-    """Does `pcc.numerics.fused` quantize this (given kernels): E4M3 scaled by float32 blocks, rows or runs of
+    """Does `pcc.fused` quantize this (given kernels): E4M3 scaled by float32 blocks, rows or runs of
     its own amax, rounded to nearest, from a contiguous BF16 or float32 CPU tensor (block grouping of 2-D)."""
     return (scheme.format == "fp8_e4m3" and scheme.scale == "fp32" and scheme.rounding == "nearest_even"
             and scheme.packing is None and geo.batch == 1 and x2.dtype in (torch.bfloat16, torch.float32)
