@@ -32,7 +32,7 @@ PATTERNS = ["linear", "attn", "attn.q", "attn.kv", "attn.o", "mlp", "experts.*",
             "experts.down", "shared_experts.*", "router", "kv_cache", "lm_head", "embed", "norm", "attn[0]",
             "mlp[1..2]", "experts.*[0]", "name:*.q_proj.weight", "all"]
 SCHEMES = ["bf16", "fp8_block", "fp8_tensor", "fp8_row", "fp8_delayed", "mxfp8", "mxfp4", "nvfp4", "int4_g32",
-           "int4_g128", "int8", "fp8_e5m2", "fp16"]
+           "int4_g128", "int8", "w8a8_int8", "fp8_e5m2", "fp16"]
 OPTS = [{}, {}, {"gemm": "real"}, {"gemm": "qdq"}, {"accumulate": "bf16"}, {"accumulate": "fp32"},
         {"output": "fp32"}, {"output": "bf16"}]
 COMPONENTS = [["fprop"], ["dgrad"], ["wgrad"], ["fprop", "dgrad", "wgrad"], ["fprop", "dgrad"], ["dgrad", "wgrad"]]

@@ -109,6 +109,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "int4_g32": {"format": "int4", "grouping": {"kind": "group", "size": 32}},
     "int4_g64": {"format": "int4", "grouping": {"kind": "group", "size": 64}},
     "int4_g128": {"format": "int4", "grouping": {"kind": "group", "size": 128}},
+    # compressed-tensors' W8A8 (INT8): weights per output channel, activations per token, dynamic, symmetric
+    "w8a8_int8": {"format": "int8", "weights": {"kind": "row"}, "activations": {"kind": "token"}},
     **{f: {"format": f} for f in FORMATS},
 }
 

@@ -135,7 +135,8 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
 
 def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
     """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC637 on
-    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638.
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638, and into
+    a W8A8 INT8 one, PCC643.
     Both are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
     to for pcc's own CPU runtime, whose engine is not vLLM's CPU build, and that contract must still compile
     (pcc convert writes its rollout checkpoint)."""
@@ -153,6 +154,13 @@ def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) 
             f"vLLM's CPU build corrupts a MoE model's routed experts when weights are reloaded into it, which "
             f"every full-weights sync does (/collective_rpc reload_weights): "
             f"{' '.join(tab['moe_weight_reload'].split())}", "PCC638", "sync",
+            "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
+            "run the rollout on a GPU"))
+    if c.sync.moves == "full_weights" and rollout_layout(plan) == "int8":
+        caveats.append(Unsupported(
+            f"vLLM's CPU build serves non-finite log-probs from a W8A8 INT8 model once weights are reloaded into "
+            f"it, which every full-weights sync does (/collective_rpc reload_weights): "
+            f"{' '.join(tab['int8_weight_reload'].split())}", "PCC643", "sync",
             "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
             "run the rollout on a GPU"))
 

@@ -187,6 +187,10 @@ class VllmEngine(HttpClient):
             if old is not None and old != name:
                 r = self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True)
                 self._ok("/v1/unload_lora_adapter", r)
+        elif self._loaded_at_start(v):
+            # nothing to reload: the server started on exactly these tensors (and a reload is what a W8A8 INT8
+            # model on vLLM's CPU build does not survive, PCC643)
+            self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
         else:
             self._ok("/pause", self._post("/pause?mode=wait"))
             try:
@@ -203,6 +207,34 @@ class VllmEngine(HttpClient):
             finally:
                 self._ok("/resume", self._post("/resume"))
         self.manifests[version] = v.manifest
+
+    def _loaded_at_start(self, v) -> bool:
+        """Is full-weights version `v` what the server loaded when it started? Only before any version was set
+        (/weight_info "default") and when the directory it serves (the base model card's `root`, on this
+        machine) holds exactly v's tensors: every one with the dtype, shape and checksum of v's manifest."""
+        from pathlib import Path
+
+        from pcc.convert.source import ConvertError, open_source
+        from pcc.runtime.sync import SyncError, verify
+
+        if self.manifests or self._version() != -1:
+            return False
+        r = self._ok("/v1/models", self._post("/v1/models", method="GET"))
+        roots = self._reply("/v1/models", lambda: [m.get("root") for m in r["data"] if m.get("parent") is None])
+        root = Path(roots[0]) if roots and isinstance(roots[0], str) else None
+        if root is None or not root.is_dir() or not any(root.glob("*.safetensors")):
+            return False
+        try:
+            src = open_source(root)
+        except ConvertError:
+            return False
+        try:
+            verify(v.manifest, {name: src.load(name) for name in src.where})
+        except SyncError:
+            return False
+        finally:
+            src.close()
+        return True
 
     def active(self) -> tuple[int, dict]:
         v = self._version()

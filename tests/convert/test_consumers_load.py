@@ -8,6 +8,8 @@ shrunk), no hub access. Each rollout checkpoint is read the way a consumer reads
   lacks, so the test applies those two functions of transformers' loader itself, then `from_pretrained`.
 - INT4 pack-quantized: transformers' `from_pretrained` with `CompressedTensorsConfig(dequantize=True)`, i.e.
   compressed-tensors' own decompression.
+- W8A8 INT8 int-quantized: the same, and compressed-tensors' own `quantize` at the stored scales gives the
+  stored codes.
 - MXFP4 (gpt-oss, openai/gpt-oss-20b config.json shrunk): transformers' gpt-oss dequantization
   `convert_moe_packed_tensors` (what its Mxfp4 quantizer runs on a CPU; that quantizer also needs
   `accelerate`), into `GptOssForCausalLM`'s fused `experts.gate_up_proj` [E, H, 2I] (gate even, up odd columns).
@@ -235,3 +237,37 @@ def test_mxfp4_output_through_transformers_gpt_oss_dequantization(tmp_path, caps
     got = _gpt_oss_logits(config, written, experts)
     # measured 0.022 of the largest logit (the noise added to the source is about one MXFP4 step)
     assert (got - ref).abs().max() <= 0.1 * ref.abs().max()
+
+
+def test_w8a8_int8_output_through_compressed_tensors(tmp_path, capsys):
+    """Meta-Llama-3-8B (shrunk), `linear : w8a8_int8`: the config is compressed-tensors' own W8A8 preset, its
+    `quantize` gives pcc's codes at pcc's scales (amax / 127 per output channel), and transformers +
+    compressed-tensors decompress every weight to within half a step of the source."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+
+    src = tmp_path / "Llama-3-8B"
+    source = {n: t.float() for n, t in make_checkpoint(src, "llama3_8b", shards=1, **LLAMA3).items()}
+    dst = _convert(tmp_path, src, "linear : w8a8_int8", capsys)
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    preset = preset_name_to_scheme("W8A8", ["Linear"])
+    assert qc == QuantizationConfig(config_groups={"group_0": preset}, format="int-quantized",
+                                    quantization_status="compressed", ignore=qc["ignore"]).model_dump()
+    stored = _tensors(dst)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(dst), dtype=torch.float32, quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
+    loaded = model.state_dict()
+    quantized = 0
+    for name, x in source.items():
+        got = loaded[name].float()
+        if "_proj" not in name:
+            assert torch.equal(got, x), name
+            continue
+        codes, scale = stored[name], stored[name + "_scale"]
+        assert codes.dtype == torch.int8 and scale.shape == (x.shape[0], 1)
+        assert torch.equal(scale, x.abs().amax(1, keepdim=True) / 127), name
+        ref = quantize(x, scale, torch.zeros_like(scale, dtype=torch.int8), preset.weights, dtype=torch.int8)
+        assert torch.equal(codes, ref), name
+        assert bool(((got - x).abs() <= scale * 0.5 * (1 + 2**-20) + x.abs() * 2**-22).all()), name
+        quantized += 1
+    assert quantized == 2 * 7

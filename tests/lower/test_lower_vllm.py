@@ -27,7 +27,8 @@ VLLM_CONTRACTS = sorted((ROOT / "contracts" / "vllm").glob("*.prec"))
 QUANT = {"unified_fp8": ("fp8", "Fp8Config"), "glm52_fp8_rollout": ("fp8", "Fp8Config"),
          "tiny_cpu": ("fp8", "Fp8Config"), "qwen38_nvfp4_lora": ("modelopt_fp4", "ModelOptNvFp4Config"),
          "selective_nvfp4": ("modelopt_fp4", "ModelOptNvFp4Config"),
-         "int4_qat_w4a16": ("compressed-tensors", "CompressedTensorsConfig"), "bf16_baseline": (None, None)}
+         "int4_qat_w4a16": ("compressed-tensors", "CompressedTensorsConfig"), "bf16_baseline": (None, None),
+         "w8a8_int8": ("compressed-tensors", "CompressedTensorsConfig")}
 
 
 def _plan(path: Path):
@@ -305,7 +306,7 @@ def test_vllm_caps_every_request_at_max_tokens(vllm_checked):
 
     plans = vllm_checked["plans"]
     names = sorted(k for k in plans if plans[k].contract.rollout.max_tokens)
-    assert names == ["bf16_baseline", "glm52_fp8_rollout", "tiny_cpu", "unified_fp8"]  # their parents set it
+    assert names == ["bf16_baseline", "glm52_fp8_rollout", "tiny_cpu", "unified_fp8", "w8a8_int8"]  # their parents, or they, set it
     bad = ["--override-generation-config", "{max_new_tokens: 1}"]  # not JSON: vLLM's parser refuses it
     request = {"dir": str(verify_vllm.engine_dir()), "args": [lower(plans[k], "vllm").args for k in names] + [bad],
                "quant": []}
@@ -315,7 +316,8 @@ def test_vllm_caps_every_request_at_max_tokens(vllm_checked):
     assert proc.returncode == 0, proc.stderr[-2000:]
     *got, refused = json.loads(proc.stdout.strip().splitlines()[-1])["args"]
     assert "error" in refused and "override-generation-config" in refused["error"]
-    expected = {"bf16_baseline": 16384, "glm52_fp8_rollout": 16384, "tiny_cpu": 256, "unified_fp8": 16384}
+    expected = {"bf16_baseline": 16384, "glm52_fp8_rollout": 16384, "tiny_cpu": 256, "unified_fp8": 16384,
+                "w8a8_int8": 64}
     for name, g in zip(names, got):
         n = expected[name]
         assert "error" not in g, (name, g)

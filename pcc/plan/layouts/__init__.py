@@ -9,7 +9,7 @@ source encodings it copies bit for bit, and how (`copies`, `stored`; pcc.models.
 recognizes them); the error bound `pcc verify-checkpoint` allows (`slack`); and the
 `quantization_config` (and ModelOpt's `hf_quant_config`) the checkpoint carries. The Plan decides
 each operator's layout once (`Plan.layouts`); convert, the runtime, validate and the targets read
-it there. One module per family: wide, fp8 (block, tensor, MXFP8), fp4 (MXFP4, NVFP4), int4.
+it there. One module per family: wide, fp8 (block, tensor, MXFP8), fp4 (MXFP4, NVFP4), int4, int8 (W8A8).
 """
 
 from __future__ import annotations
@@ -155,4 +155,4 @@ def packed_codes(q, pack):
     return q.codes if q.scheme.packing else pack(q.codes)
 
 
-from pcc.plan.layouts import fp4, fp8, int4, wide  # noqa: E402,F401 - each module registers its layouts
+from pcc.plan.layouts import fp4, fp8, int4, int8, wide  # noqa: E402,F401 - each module registers its layouts
