@@ -21,6 +21,7 @@ PCC = ROOT / "pcc"
 STAGES = [
     "pcc",        # __version__
     "resources",  # the data folders (grammar, schemas, contracts, targets)
+    "fused",      # the LLVM block-FP8 kernel: no torch, no numpy (numerics and convert's torch-free path)
     "lang",       # parser, spans, diagnostics, formatter
     "contract",   # the pydantic model; the scheme defined once
     "numerics",   # formats and quantizers; takes the contract's scheme objects
