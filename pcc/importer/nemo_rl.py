@@ -63,6 +63,7 @@ class _Recipe:
 
     def __init__(self, values: dict, spans: dict[str, Span], own: set[str], base: str | None):
         self.values, self.spans, self.own, self.base, self.read = values, spans, own, base, set()
+        self.sections = {k.split(".", 1)[0] for k in values}  # top-level sections: the job NeMo RL runs
 
     def get(self, key: str, default=None):
         self.read.add(key)
@@ -154,18 +155,49 @@ def read_recipe(source: str, imp: Imported) -> _Recipe:
     imp.source = str(p)
     values, spans, base = _read(p, imp)
     own = set(spans)
+    sections = {k.split(".", 1)[0] for k in values}  # the recipe's job, before a base is assumed for it
     if base is None:  # a pcc bundle's config.yaml: launch.sh puts it under the base of its policy backend
         engine = "megatron" if values.get(f"{MEGATRON}.enabled") else "fsdp"
         name = tables()["base_config"][engine]
         imp.warn("PCC808", f"the recipe names no defaults: read over NeMo RL's examples/configs/{name} (what pcc's "
                  f"launch.sh puts under it for the {engine} policy)", "defaults")
         values, base = _merge(dict(_keys_table()["recipes"][name]), values), name
-    return _Recipe(values, spans, own, base)
+    r = _Recipe(values, spans, own, base)
+    r.sections = sections
+    return r
+
+
+# NeMo RL's jobs that train on a dataset with no rollout: the recipe's section -> what it runs.
+NOT_RL = {
+    "sft": "supervised fine-tuning (examples/run_sft.py)",
+    "dpo": "direct preference optimization (examples/run_dpo.py)",
+    "rm": "reward-model training (examples/run_rm.py)",
+    "distillation": ("distillation (examples/run_distillation.py, run_off_policy_distillation.py): the student's loss "
+                     "is its divergence from a teacher's logits, with no reward and no importance ratio"),
+}
+
+
+def _job(imp: Imported, r: _Recipe) -> None:
+    """A recipe whose sections (its own or its bases') make it a job that is no RL is PCC805; PPO, which
+    NeMo RL runs with examples/run_ppo.py and a value model, is named (PCC807): pcc's job is GRPO."""
+    sections = r.sections
+    if "grpo" in sections:
+        return
+    for name, what in NOT_RL.items():
+        if name in sections:
+            raise ImportFailed(f"{imp.source}: a NeMo RL {name} recipe ({what}) is no RL job: a contract states a "
+                               "rollout, a trainer and the sync between them", code="PCC805", path=name,
+                               file=imp.source, span=r.span(name), hint="import a GRPO recipe (examples/run_grpo.py)")
+    if "ppo" in sections:
+        imp.warn("PCC807", "ppo: NeMo RL runs this recipe with examples/run_ppo.py, which also trains a value model "
+                 "(value.*, its own precision and parallelism); pcc's NeMo RL job is GRPO (examples/run_grpo.py) "
+                 "and the contract states the policy only", "value", span=r.span("value") or r.span("ppo"))
 
 
 def import_nemo_rl(source: str, model: str | None, hardware: str | None = None) -> Imported:
     imp = Imported({"name": contract_name(source), "framework": "nemo_rl"}, source=source)
     r = read_recipe(source, imp)
+    _job(imp, r)
     named = r.get(f"{POLICY}.model_name")
     path = named if isinstance(named, str) and Path(named).is_dir() else None
     catalog, ref = load_model(model, path, (f"{POLICY}.model_name", named if isinstance(named, str) else None))
