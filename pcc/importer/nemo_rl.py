@@ -48,8 +48,9 @@ NOT_IN_A_RECIPE = (
     ("trainer.rules gemm", ("Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' "
                             "are not keys")),
 )
-# Free-form maps (any key is passed on).
-_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs)(\.|$)|^(env|data)(\.|$)")  # env.<name>, data.<split>: free-form
+# Free-form maps (any key is passed on):
+# env.<name>, data.<split>, policy.hf_config_overrides (the Hugging Face config's own keys): free-form
+_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs|hf_config_overrides)(\.|$)|^(env|data)(\.|$)")
 
 
 @functools.lru_cache(maxsize=1)

@@ -136,3 +136,15 @@ def test_a_ppo_recipe_names_its_value_model(tmp_path):
     imp = import_source("nemo_rl", str(src), "qwen3_8b")
     named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "value"]
     assert named and "run_ppo.py" in named[0].message and named[0].span.line == 5
+
+
+def test_keys_nemo_rl_reads_are_not_unknown(tmp_path):
+    """Keys the published recipes set and NeMo RL reads (a free-form HF config override, keys read with
+    .get, the logger's TypedDicts) are no PCC810; a key NeMo RL reads nowhere still is."""
+    src = tmp_path / "r.yaml"
+    src.write_text("policy:\n  hf_config_overrides:\n    text_config:\n      router_aux_loss_coef: 0.0\n"
+                   "  sequence_packing:\n    fuse_loss: true\n  generation:\n    vllm_cfg:\n"
+                   "      enable_prefix_caching: false\n  megatron_cfg:\n    converter_type: Qwen3ForCausalLM\n"
+                   "logger:\n  tensorboard:\n    log_dir: tb\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    assert {d.path for d in imp.diagnostics if d.code == "PCC810"} == {"policy.megatron_cfg.converter_type"}

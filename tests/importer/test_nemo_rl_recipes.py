@@ -12,6 +12,7 @@ setting comes back the same, or the import said, with a code, that it cannot car
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,9 +65,14 @@ PRECISION = re.compile(
 
 def _recipe(path: Path) -> dict:
     """A recipe's settings as NeMo RL's load_config merges them (its `defaults:` chain), interpolations followed."""
+    return dict(_read(str(path)))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: str) -> dict:
     from pcc.importer.nemo_rl import read_recipe
 
-    r = read_recipe(str(path), Imported({}, source=str(path)))
+    r = read_recipe(path, Imported({}, source=path))
     return {k: r.get(k) for k in list(r.values)}
 
 
