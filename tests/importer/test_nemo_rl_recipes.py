@@ -68,7 +68,7 @@ def _recipe(path: Path) -> dict:
     return dict(_read(str(path)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(path: str) -> dict:
     from pcc.importer.nemo_rl import read_recipe
 
