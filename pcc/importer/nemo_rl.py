@@ -100,8 +100,10 @@ def _merge(base: dict, own: dict) -> dict:
     return out
 
 
-def _read(path: Path, imp: Imported, depth: int = 0) -> tuple[dict, dict[str, Span], str | None]:
-    """(merged values, the file's own spans, the base it names) of one recipe file and its defaults."""
+def _read(path: Path, imp: Imported, inherited: dict[str, Span], depth: int = 0
+          ) -> tuple[dict, dict[str, Span], str | None]:
+    """(merged values, the file's own spans, the base it names) of one recipe file and its defaults; the
+    spans of the keys its bases write (files of the chain, not the pinned values) go to `inherited`."""
     text = read_text(str(path), WHAT)
     doc, spans = load(text, str(path), WHAT)
     if doc is None:
@@ -119,13 +121,14 @@ def _read(path: Path, imp: Imported, depth: int = 0) -> tuple[dict, dict[str, Sp
         imp.warn("PCC808", f"defaults {defaults!r}: pcc resolves one base recipe by path; the recipe's own keys are "
                  "read alone", "defaults", span=spans.get("defaults"))
         return own, own_spans, str(defaults)
-    base = _base(path, defaults, imp, depth, spans.get("defaults"))
+    base = _base(path, defaults, imp, inherited, depth, spans.get("defaults"))
     if base is None:
         return own, own_spans, defaults
     return _merge(base, own), own_spans, defaults
 
 
-def _base(path: Path, name: str, imp: Imported, depth: int, span: Span | None) -> dict | None:
+def _base(path: Path, name: str, imp: Imported, inherited: dict[str, Span], depth: int, span: Span | None
+          ) -> dict | None:
     """The base recipe's merged values: a pinned base recipe (targets/nemo_rl_keys.json), else the
     file beside the recipe, else in the installed NeMo RL checkout; None (PCC808) where none."""
     recipes = _keys_table()["recipes"]
@@ -140,7 +143,8 @@ def _base(path: Path, name: str, imp: Imported, depth: int, span: Span | None) -
         if c.is_file():
             if c.name in recipes and c.resolve().parent.name == "configs":
                 return dict(recipes[c.name])
-            values, _, _ = _read(c, imp, depth + 1)
+            values, spans, _ = _read(c, imp, inherited, depth + 1)
+            inherited.update(spans)  # after its own bases': the nearer file's span wins
             return values
     imp.warn("PCC808", f"defaults {name}: the base recipe is neither a pinned NeMo RL {tables()['version']} recipe "
              "(targets/nemo_rl_keys.json) nor beside the recipe nor in the installed NeMo RL checkout; only the "
@@ -154,7 +158,8 @@ def read_recipe(source: str, imp: Imported) -> _Recipe:
     if p.is_dir():
         p = p / CONFIG_FILE if (p / CONFIG_FILE).is_file() else p / "config.yaml"
     imp.source = str(p)
-    values, spans, base = _read(p, imp)
+    inherited: dict[str, Span] = {}
+    values, spans, base = _read(p, imp, inherited)
     own = set(spans)
     sections = {k.split(".", 1)[0] for k in values}  # the recipe's job, before a base is assumed for it
     if base is None:  # a pcc bundle's config.yaml: launch.sh puts it under the base of its policy backend
@@ -163,7 +168,7 @@ def read_recipe(source: str, imp: Imported) -> _Recipe:
         imp.warn("PCC808", f"the recipe names no defaults: read over NeMo RL's examples/configs/{name} (what pcc's "
                  f"launch.sh puts under it for the {engine} policy)", "defaults")
         values, base = _merge(dict(_keys_table()["recipes"][name]), values), name
-    r = _Recipe(values, spans, own, base)
+    r = _Recipe(values, {**inherited, **spans}, own, base)
     r.sections = sections
     return r
 
@@ -397,13 +402,14 @@ def _objective(imp: Imported, r: _Recipe) -> None:
 
 def _check_keys(imp: Imported, r: _Recipe) -> None:
     """The recipe's own keys against NeMo RL's (the pinned base recipes' keys, the config classes'
-    fields, read_keys): PCC810 for one it does not have; then own keys that carry precision and that
-    the import did not read (PCC807, where they differ from the base's value)."""
+    fields, read_keys): PCC810 for one it does not have. Then every key of the merged recipe (its own,
+    its bases') that carries precision, that the import did not read and whose value differs from the
+    base recipe pcc's launch.sh puts under the contract's recipe: PCC807, at the file that writes it."""
     tab = _keys_table()
     known = set().union(*(set(v) for v in tab["recipes"].values())) | set(tables().get("read_keys", {}))
     fields = set().union(*(set(v) for v in tab["classes"].values()))
     sections = {k.rsplit(".", n)[0] for k in known for n in range(1, k.count(".") + 1)}
-    base = tab["recipes"].get(Path(r.base).name, {}) if r.base else {}
+    unknown = set()
     for key in sorted(r.own):
         if "[" in key or key in ("", "defaults") or _FREE.search(key):
             continue
@@ -414,10 +420,19 @@ def _check_keys(imp: Imported, r: _Recipe) -> None:
             near = difflib.get_close_matches(leaf, fields, 1)
             imp.warn("PCC810", f"{key}: NeMo RL {tables()['version']}'s recipes and config classes have no such key",
                      key, span=r.span(key), hint=f"did you mean {near[0]}?" if near else None)
+            unknown.add(key)
+    engine = "megatron" if r.values.get(f"{MEGATRON}.enabled") else "fsdp"
+    launched = tab["recipes"][tables()["base_config"][engine]]
+    for key in sorted(r.values):
+        if key in unknown or key in r.read or "[" in key or _FREE.search(key) or not PRECISION.search(key):
             continue
-        if key in r.read or not PRECISION.search(key):
+        if key in launched and launched[key] == r.values.get(key):
             continue
-        if key in base and base[key] == r.values.get(key):
+        switch = key.rsplit(".", 1)[0] + ".enabled"  # a section NeMo RL does not read (peft, lora_cfg off)
+        if key != switch and r.values.get(switch) is False and launched.get(switch) is False:
             continue
+        span = r.span(key)
         imp.warn("PCC807", f"{key} {r.values.get(key)}: a NeMo RL key that carries precision and that pcc has no "
-                 "field for; the contract does not state it", key, span=r.span(key))
+                 "field for; the contract does not state it" + ("" if key in r.own else
+                 f" (the recipe inherits it from {Path(span.file).name if span else r.base})"), key, span=span,
+                 file=span.file if span else None)

@@ -148,3 +148,18 @@ def test_keys_nemo_rl_reads_are_not_unknown(tmp_path):
                    "logger:\n  tensorboard:\n    log_dir: tb\n")
     imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
     assert {d.path for d in imp.diagnostics if d.code == "PCC810"} == {"policy.megatron_cfg.converter_type"}
+
+
+def test_precision_a_base_recipe_sets_is_named_where_it_is_written(tmp_path):
+    """A precision key the recipe inherits from a base (not pcc's launch base) is PCC807 at the base's line,
+    as NeMo RL's *-tq_simple recipes inherit defer_fp32_logits; a disabled section (peft) is not read."""
+    base = tmp_path / "parent.yaml"
+    base.write_text("defaults: ../../grpo_math_1B.yaml\npolicy:\n  megatron_cfg:\n    enabled: true\n"
+                    "    defer_fp32_logits: true\n    peft:\n      lora_dtype: fp32\n  dtensor_cfg:\n    enabled: false\n")
+    src = tmp_path / "child.yaml"
+    src.write_text("defaults: parent.yaml\npolicy:\n  generation:\n    max_new_tokens: 64\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    named = {d.path: d for d in imp.diagnostics if d.code == "PCC807"}
+    d = named["policy.megatron_cfg.defer_fp32_logits"]
+    assert d.span.file == str(base) and d.span.line == 5 and "parent.yaml" in d.message, d.render()
+    assert "policy.megatron_cfg.peft.lora_dtype" not in named

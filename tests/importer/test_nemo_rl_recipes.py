@@ -61,6 +61,10 @@ PRECISION = re.compile(
     r"|pipeline_parallel_size|expert_parallel_size)$)|router_replay\.enabled$)"
     r"|^loss_fn\.(use_importance_sampling_correction|truncated_importance_sampling_\w+"
     r"|sequence_level_importance_ratios)$")
+# Any other key of the policy, the loss or another model of the job whose name says it carries precision
+# (pcc.importer.verl.PRECISION: dtype, fp8, quant, ...): the import reads it or names it.
+CARRIES = re.compile(r"^(policy|teacher|value|loss_fn)\.(?!.*(env_vars|kwargs|hf_config_overrides)\.)"
+                     r".*(fp8|fp4|fp16|bf16|fp32|int4|int8|dtype|precision|quant|qat|amax|kv_cache)")
 
 
 def _recipe(path: Path) -> dict:
@@ -138,7 +142,7 @@ def _lost(case: str, imp, plan) -> list[str]:
             side[kws] = sorted(m for m in linear if any(w in m for w in words))
     said = " ".join(f"{d.path or ''} {d.message}" for d in imp.diagnostics)
     sections = {d.path for d in imp.diagnostics if d.path}  # a warning on a section (value) names its keys
-    keys = sorted(k for k in set(src) | set(gen) if PRECISION.search(k))
+    keys = sorted(k for k in set(src) | set(gen) if PRECISION.search(k) or CARRIES.search(k))
 
     def off(k: str) -> bool:  # a section NeMo RL does not read: its `enabled` is off on both sides (peft, lora_cfg)
         switch = k.rsplit(".", 1)[0] + ".enabled"
