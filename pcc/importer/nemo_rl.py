@@ -393,11 +393,25 @@ def _objective(imp: Imported, r: _Recipe) -> None:
                  f"{LOSS}.sequence_level_importance_ratios", span=r.span(f"{LOSS}.sequence_level_importance_ratios"))
     if r.get("policy.router_replay.enabled"):
         c["routing_replay"] = "r3"
+    if r.get("grpo.async_grpo.enabled"):
+        age = r.get("grpo.async_grpo.max_trajectory_age_steps")
+        inflight = bool(r.get("grpo.async_grpo.in_flight_weight_updates"))
+        imp.warn("PCC804", f"grpo.async_grpo.enabled: NeMo RL's async GRPO trains on trajectories up to {age} "
+                 f"step(s) old (async_grpo.max_trajectory_age_steps {age}, async_grpo.in_flight_weight_updates "
+                 f"{str(inflight).lower()}); pcc lowers NeMo RL's synchronous GRPO only "
+                 "(sync schedule async is PCC634 there); written schedule colocated", "grpo.async_grpo.enabled",
+                 span=r.span("grpo.async_grpo.enabled"), file=_file(r, "grpo.async_grpo.enabled"))
     if r.get("policy.generation.colocated.enabled") is False:
         imp.warn("PCC804", "policy.generation.colocated.enabled false: pcc states NeMo RL's colocated GRPO only; "
                  "written schedule colocated", "policy.generation.colocated.enabled",
                  span=r.span("policy.generation.colocated.enabled"))
     c["sync"] = {"schedule": "colocated"}
+
+
+def _file(r: _Recipe, key: str) -> str | None:
+    """The file that writes `key` (the recipe, or a base of it), None where no file of the chain does."""
+    span = r.span(key)
+    return span.file if span else None
 
 
 def _check_keys(imp: Imported, r: _Recipe) -> None:
@@ -435,4 +449,4 @@ def _check_keys(imp: Imported, r: _Recipe) -> None:
         imp.warn("PCC807", f"{key} {r.values.get(key)}: a NeMo RL key that carries precision and that pcc has no "
                  "field for; the contract does not state it" + ("" if key in r.own else
                  f" (the recipe inherits it from {Path(span.file).name if span else r.base})"), key, span=span,
-                 file=span.file if span else None)
+                 file=_file(r, key))

@@ -163,3 +163,12 @@ def test_precision_a_base_recipe_sets_is_named_where_it_is_written(tmp_path):
     d = named["policy.megatron_cfg.defer_fp32_logits"]
     assert d.span.file == str(base) and d.span.line == 5 and "parent.yaml" in d.message, d.render()
     assert "policy.megatron_cfg.peft.lora_dtype" not in named
+
+
+def test_async_grpo_is_named():
+    """NeMo RL's async GRPO (grpo.async_grpo) is staleness the NeMo RL target cannot lower: PCC804 at the key."""
+    src = RECIPES / "performance" / "grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml"
+    imp = import_source("nemo_rl", str(src), "llama3_8b")
+    named = [d for d in imp.diagnostics if d.code == "PCC804" and d.path == "grpo.async_grpo.enabled"]
+    assert named and "up to 1 step(s) old" in named[0].message and named[0].span is not None, imp.diagnostics
+    assert imp.contract["sync"] == {"schedule": "colocated"}

@@ -46,9 +46,9 @@ GUIDE = "docs/guides/deepseek.md"
 # vLLM's CacheDType: "fp8" is FP8 E4M3 on CUDA (vllm/config/cache.py), the name pcc's vLLM target writes.
 KV_ALIASES = {"fp8": "fp8_e4m3"}
 
-# The keys of a NeMo RL recipe that decide numerics, where precision is placed, or what the refit and
-# the correction do: compared between the published recipe and the regenerated one (policy keys; the
-# other models of a job, teacher and value, are pcc's to name as not carried).
+# The keys of a NeMo RL recipe that decide numerics, where precision is placed, or what the refit, its
+# staleness (async GRPO) and the correction do: compared between the published recipe and the regenerated
+# one (the other models of a job, teacher and value, are pcc's to name as not carried).
 PRECISION = re.compile(
     r"^(policy|teacher|value)\.(precision$|megatron_cfg\.(enabled$|fp8_cfg\.|moe_router_dtype$|pipeline_dtype$"
     r"|(tensor|pipeline|expert|expert_tensor)_model_parallel_size$|context_parallel_size$|env_vars\.NVTE_"
@@ -60,7 +60,8 @@ PRECISION = re.compile(
     r"|quantization_ignored_layer_kws|pow2_\w+|num_(first|last)_layers_in_bf16|tensor_parallel_size"
     r"|pipeline_parallel_size|expert_parallel_size)$)|router_replay\.enabled$)"
     r"|^loss_fn\.(use_importance_sampling_correction|truncated_importance_sampling_\w+"
-    r"|sequence_level_importance_ratios)$")
+    r"|sequence_level_importance_ratios)$"
+    r"|^grpo\.async_grpo\.(enabled|max_trajectory_age_steps|in_flight_weight_updates)$")
 # Any other key of the policy, the loss or another model of the job whose name says it carries precision
 # (pcc.importer.verl.PRECISION: dtype, fp8, quant, ...): the import reads it or names it.
 CARRIES = re.compile(r"^(policy|teacher|value|loss_fn)\.(?!.*(env_vars|kwargs|hf_config_overrides)\.)"
