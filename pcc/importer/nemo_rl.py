@@ -350,8 +350,7 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
                      "experts across EP ranks only (expert tensor parallel 1)", f"{MEGATRON}.expert_tensor_parallel_size",
                      span=r.span(f"{MEGATRON}.expert_tensor_parallel_size"))
         if r.get(f"{MEGATRON}.peft.enabled"):
-            imp.warn("PCC807", "megatron_cfg.peft: NeMo RL's Megatron LoRA is not imported; the contract trains every "
-                     "weight", f"{MEGATRON}.peft.enabled", span=r.span(f"{MEGATRON}.peft.enabled"))
+            _megatron_lora(imp, r, catalog)
     else:
         t["rules"] = []
         t["master"] = "fp32"
@@ -365,6 +364,47 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
     if par:
         t["parallel"] = par
     imp.contract["trainer"] = t
+
+
+# Megatron-Bridge's LoRA with no target_modules adapts every linear layer of the block: these (NeMo RL's
+# docs/guides/lora.md, megatron_cfg.peft.target_modules).
+MEGATRON_ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def _megatron_lora(imp: Imported, r: _Recipe, catalog) -> None:
+    """megatron_cfg.peft: LoRA over the frozen base, read backwards through the lowering's table
+    (megatron_lora_modules: contract family -> the Megatron module it is in)."""
+    at = f"{MEGATRON}.peft.target_modules"
+    names = r.get(at) or list(MEGATRON_ALL_LINEAR)
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    modules: dict[str, list[str]] = {}
+    for family, name in tables()["megatron_lora_modules"].items():
+        modules.setdefault(name, []).append(family)
+    present = {op.family for op in catalog.operators}
+    families: list[str] = []
+    for name in names:
+        if name not in modules:
+            imp.warn("PCC807", f"megatron_cfg.peft.target_modules {name}: not a Megatron module pcc maps to contract "
+                     "families (targets/nemo_rl.yaml megatron_lora_modules); not imported", at, span=r.span(at))
+            continue
+        families += [f for f in modules[name] if f in present and f not in families]
+    if not families:
+        imp.warn("PCC807", "megatron_cfg.peft: adapts no module pcc states; the contract trains every weight",
+                 f"{MEGATRON}.peft.enabled", span=r.span(f"{MEGATRON}.peft.enabled"))
+        return
+    for key in ("exclude_modules",):
+        if r.get(f"{MEGATRON}.peft.{key}"):
+            imp.warn("PCC807", f"megatron_cfg.peft.{key} {r.get(f'{MEGATRON}.peft.{key}')}: not imported; the "
+                     "contract adapts those modules", f"{MEGATRON}.peft.{key}", span=r.span(f"{MEGATRON}.peft.{key}"))
+    t = {"kind": "lora", "rank": _int(imp, r, f"{MEGATRON}.peft.dim"),
+         "alpha": float(r.get(f"{MEGATRON}.peft.alpha")), "targets": families}
+    drop = r.get(f"{MEGATRON}.peft.dropout")
+    if drop:
+        t["dropout"] = float(drop)
+    imp.contract["trainable"] = t
+    imp.warn("PCC804", "megatron_cfg.peft.enabled: NeMo RL refits the policy's weights with the adapter merged in "
+             "(docs/guides/lora.md); pcc states a LoRA job's sync as 'adapter' (a full-weight sync of a frozen base is "
+             "PCC401)", "sync", span=r.span(f"{MEGATRON}.peft.enabled"), file=_file(r, f"{MEGATRON}.peft.enabled"))
 
 
 def _objective(imp: Imported, r: _Recipe) -> None:
@@ -406,6 +446,8 @@ def _objective(imp: Imported, r: _Recipe) -> None:
                  "written schedule colocated", "policy.generation.colocated.enabled",
                  span=r.span("policy.generation.colocated.enabled"))
     c["sync"] = {"schedule": "colocated"}
+    if c.get("trainable", {}).get("kind") == "lora":
+        c["sync"]["moves"] = "adapter"
 
 
 def _file(r: _Recipe, key: str) -> str | None:

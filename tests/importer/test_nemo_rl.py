@@ -172,3 +172,23 @@ def test_async_grpo_is_named():
     named = [d for d in imp.diagnostics if d.code == "PCC804" and d.path == "grpo.async_grpo.enabled"]
     assert named and "up to 1 step(s) old" in named[0].message and named[0].span is not None, imp.diagnostics
     assert imp.contract["sync"] == {"schedule": "colocated"}
+
+
+def test_megatron_lora_is_imported():
+    """megatron_cfg.peft: rank, alpha and the families of its Megatron modules (none: every linear layer);
+    the merged refit is named (PCC804 on sync), and the contract checks."""
+    imp = import_source("nemo_rl", str(RECIPES / "grpo-qwen3-8b-base-1n8g-megatron-lora.yaml"), "qwen3_8b")
+    assert imp.contract["trainable"] == {"kind": "lora", "rank": 128, "alpha": 128.0,
+                                         "targets": ["attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down"]}
+    assert imp.contract["sync"]["moves"] == "adapter"
+    assert [d.span.line for d in imp.diagnostics if d.code == "PCC804" and d.path == "sync"] == [16]
+
+
+def test_megatron_lora_target_modules_read_backwards(tmp_path):
+    src = tmp_path / "r.yaml"
+    src.write_text("defaults: ../../grpo_math_1B_megatron.yaml\npolicy:\n  megatron_cfg:\n    peft:\n      enabled: true\n"
+                   "      dim: 16\n      alpha: 32\n      target_modules: [linear_qkv, '*.layers.0.*.linear_fc1']\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainable"]["targets"] == ["attn.q", "attn.kv"]
+    named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "policy.megatron_cfg.peft.target_modules"]
+    assert named and "*.layers.0.*.linear_fc1" in named[0].message and named[0].span.line == 8

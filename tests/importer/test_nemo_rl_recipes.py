@@ -45,6 +45,8 @@ MODELS = {cat: re.compile(name) for cat, name in {
 GUIDE = "docs/guides/deepseek.md"
 # vLLM's CacheDType: "fp8" is FP8 E4M3 on CUDA (vllm/config/cache.py), the name pcc's vLLM target writes.
 KV_ALIASES = {"fp8": "fp8_e4m3"}
+# NeMo RL's docs/guides/lora.md: an empty megatron_cfg.peft.target_modules adapts all linear layers, these.
+MEGATRON_ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
 # The keys of a NeMo RL recipe that decide numerics, where precision is placed, or what the refit, its
 # staleness (async GRPO) and the correction do: compared between the published recipe and the regenerated
@@ -137,6 +139,10 @@ def _lost(case: str, imp, plan) -> list[str]:
     src, gen = _recipe(ROOT / case), _regenerated(plan)
     linear = [op.tensor.removesuffix(".weight") for op in plan.catalog.operators if op.family in LINEAR]
     kws = "policy.generation.vllm_cfg.quantization_ignored_layer_kws"
+    peft = "policy.megatron_cfg.peft.target_modules"
+    for side in (src, gen):  # Megatron-Bridge's LoRA with no target_modules adapts every linear layer
+        if side.get("policy.megatron_cfg.peft.enabled") and not side.get(peft):
+            side[peft] = list(MEGATRON_ALL_LINEAR)
     for side in (src, gen):  # NeMo RL matches these by substring: compare the modules each list keeps BF16
         if side.get(kws):
             words = [side[kws]] if isinstance(side[kws], str) else side[kws]
