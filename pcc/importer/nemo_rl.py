@@ -178,8 +178,8 @@ NOT_RL = {
     "sft": "supervised fine-tuning (examples/run_sft.py)",
     "dpo": "direct preference optimization (examples/run_dpo.py)",
     "rm": "reward-model training (examples/run_rm.py)",
-    "distillation": ("distillation (examples/run_distillation.py, run_off_policy_distillation.py): the student's loss "
-                     "is its divergence from a teacher's logits, with no reward and no importance ratio"),
+    "distillation": ("distillation (examples/run_distillation.py or run_off_policy_distillation.py; the student's loss "
+                     "is its divergence from a teacher's logits, with no reward and no importance ratio)"),
 }
 
 
@@ -191,9 +191,10 @@ def _job(imp: Imported, r: _Recipe) -> None:
         return
     for name, what in NOT_RL.items():
         if name in sections:
-            raise ImportFailed(f"{imp.source}: a NeMo RL {name} recipe ({what}) is no RL job: a contract states a "
-                               "rollout, a trainer and the sync between them", code="PCC805", path=name,
-                               file=imp.source, span=r.span(name), hint="import a GRPO recipe (examples/run_grpo.py)")
+            raise ImportFailed(f"{imp.source}: its `{name}` section makes it a NeMo RL {what} job, which is no RL "
+                               "job: a contract states a rollout, a trainer and the sync between them", code="PCC805",
+                               path=name, file=imp.source, span=r.span(name),
+                               hint="import a GRPO recipe (examples/run_grpo.py)")
     if "ppo" in sections:
         imp.warn("PCC807", "ppo: NeMo RL runs this recipe with examples/run_ppo.py, which also trains a value model "
                  "(value.*, its own precision and parallelism); pcc's NeMo RL job is GRPO (examples/run_grpo.py) "
