@@ -5,7 +5,7 @@
 For each base recipe of targets/nemo_rl.yaml (examples/configs/X.yaml, `defaults:` inheritance
 merged as NeMo RL's load_config merges it), every leaf key with its value as written; and the
 fields of the config TypedDicts pcc writes under (nemo_rl/models/policy/__init__.py,
-nemo_rl/models/generation/vllm/config.py), read with ast (importing them needs torch and ray).
+nemo_rl/models/generation/vllm/config.py, and the logger's, nemo_rl/utils/logger.py), read with ast (importing them needs torch and ray).
 tests/lower/test_lower_nemo_rl.py checks every key a bundle writes against this table.
 """
 
@@ -70,7 +70,8 @@ def main(git: str) -> None:
     doc = {"version": tab["version"], "commit": commit, "recipes": {}, "classes": {}}
     for base in sorted(set(tab["base_config"].values())):
         doc["recipes"][base] = flatten(load(git, commit, f"examples/configs/{base}"))
-    for path in ("nemo_rl/models/policy/__init__.py", "nemo_rl/models/generation/vllm/config.py"):
+    for path in ("nemo_rl/models/policy/__init__.py", "nemo_rl/models/generation/vllm/config.py",
+                 "nemo_rl/utils/logger.py"):
         doc["classes"].update(typed_fields(show(git, commit, path)))
     (ROOT / "targets" / "nemo_rl_keys.json").write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 

@@ -48,8 +48,9 @@ NOT_IN_A_RECIPE = (
     ("trainer.rules gemm", ("Transformer Engine runs a recipe's GEMMs for real: 'qdq' and 'accumulate'/'output' "
                             "are not keys")),
 )
-# Free-form maps (any key is passed on).
-_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs)(\.|$)|^(env|data)(\.|$)")  # env.<name>, data.<split>: free-form
+# Free-form maps (any key is passed on):
+# env.<name>, data.<split>, policy.hf_config_overrides (the Hugging Face config's own keys): free-form
+_FREE = re.compile(r"(^|\.)(env_vars|\w*kwargs|hf_config_overrides)(\.|$)|^(env|data)(\.|$)")
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,6 +64,7 @@ class _Recipe:
 
     def __init__(self, values: dict, spans: dict[str, Span], own: set[str], base: str | None):
         self.values, self.spans, self.own, self.base, self.read = values, spans, own, base, set()
+        self.sections = {k.split(".", 1)[0] for k in values}  # top-level sections: the job NeMo RL runs
 
     def get(self, key: str, default=None):
         self.read.add(key)
@@ -98,8 +100,10 @@ def _merge(base: dict, own: dict) -> dict:
     return out
 
 
-def _read(path: Path, imp: Imported, depth: int = 0) -> tuple[dict, dict[str, Span], str | None]:
-    """(merged values, the file's own spans, the base it names) of one recipe file and its defaults."""
+def _read(path: Path, imp: Imported, inherited: dict[str, Span], depth: int = 0
+          ) -> tuple[dict, dict[str, Span], str | None]:
+    """(merged values, the file's own spans, the base it names) of one recipe file and its defaults; the
+    spans of the keys its bases write (files of the chain, not the pinned values) go to `inherited`."""
     text = read_text(str(path), WHAT)
     doc, spans = load(text, str(path), WHAT)
     if doc is None:
@@ -117,13 +121,14 @@ def _read(path: Path, imp: Imported, depth: int = 0) -> tuple[dict, dict[str, Sp
         imp.warn("PCC808", f"defaults {defaults!r}: pcc resolves one base recipe by path; the recipe's own keys are "
                  "read alone", "defaults", span=spans.get("defaults"))
         return own, own_spans, str(defaults)
-    base = _base(path, defaults, imp, depth, spans.get("defaults"))
+    base = _base(path, defaults, imp, inherited, depth, spans.get("defaults"))
     if base is None:
         return own, own_spans, defaults
     return _merge(base, own), own_spans, defaults
 
 
-def _base(path: Path, name: str, imp: Imported, depth: int, span: Span | None) -> dict | None:
+def _base(path: Path, name: str, imp: Imported, inherited: dict[str, Span], depth: int, span: Span | None
+          ) -> dict | None:
     """The base recipe's merged values: a pinned base recipe (targets/nemo_rl_keys.json), else the
     file beside the recipe, else in the installed NeMo RL checkout; None (PCC808) where none."""
     recipes = _keys_table()["recipes"]
@@ -138,7 +143,8 @@ def _base(path: Path, name: str, imp: Imported, depth: int, span: Span | None) -
         if c.is_file():
             if c.name in recipes and c.resolve().parent.name == "configs":
                 return dict(recipes[c.name])
-            values, _, _ = _read(c, imp, depth + 1)
+            values, spans, _ = _read(c, imp, inherited, depth + 1)
+            inherited.update(spans)  # after its own bases': the nearer file's span wins
             return values
     imp.warn("PCC808", f"defaults {name}: the base recipe is neither a pinned NeMo RL {tables()['version']} recipe "
              "(targets/nemo_rl_keys.json) nor beside the recipe nor in the installed NeMo RL checkout; only the "
@@ -152,20 +158,53 @@ def read_recipe(source: str, imp: Imported) -> _Recipe:
     if p.is_dir():
         p = p / CONFIG_FILE if (p / CONFIG_FILE).is_file() else p / "config.yaml"
     imp.source = str(p)
-    values, spans, base = _read(p, imp)
+    inherited: dict[str, Span] = {}
+    values, spans, base = _read(p, imp, inherited)
     own = set(spans)
+    sections = {k.split(".", 1)[0] for k in values}  # the recipe's job, before a base is assumed for it
     if base is None:  # a pcc bundle's config.yaml: launch.sh puts it under the base of its policy backend
         engine = "megatron" if values.get(f"{MEGATRON}.enabled") else "fsdp"
         name = tables()["base_config"][engine]
         imp.warn("PCC808", f"the recipe names no defaults: read over NeMo RL's examples/configs/{name} (what pcc's "
                  f"launch.sh puts under it for the {engine} policy)", "defaults")
         values, base = _merge(dict(_keys_table()["recipes"][name]), values), name
-    return _Recipe(values, spans, own, base)
+    r = _Recipe(values, {**inherited, **spans}, own, base)
+    r.sections = sections
+    return r
+
+
+# NeMo RL's jobs that train on a dataset with no rollout: the recipe's section -> what it runs.
+NOT_RL = {
+    "sft": "supervised fine-tuning (examples/run_sft.py)",
+    "dpo": "direct preference optimization (examples/run_dpo.py)",
+    "rm": "reward-model training (examples/run_rm.py)",
+    "distillation": ("distillation (examples/run_distillation.py or run_off_policy_distillation.py; the student's loss "
+                     "is its divergence from a teacher's logits, with no reward and no importance ratio)"),
+}
+
+
+def _job(imp: Imported, r: _Recipe) -> None:
+    """A recipe whose sections (its own or its bases') make it a job that is no RL is PCC805; PPO, which
+    NeMo RL runs with examples/run_ppo.py and a value model, is named (PCC807): pcc's job is GRPO."""
+    sections = r.sections
+    if "grpo" in sections:
+        return
+    for name, what in NOT_RL.items():
+        if name in sections:
+            raise ImportFailed(f"{imp.source}: its `{name}` section makes it a NeMo RL {what} job, which is no RL "
+                               "job: a contract states a rollout, a trainer and the sync between them", code="PCC805",
+                               path=name, file=imp.source, span=r.span(name),
+                               hint="import a GRPO recipe (examples/run_grpo.py)")
+    if "ppo" in sections:
+        imp.warn("PCC807", "ppo: NeMo RL runs this recipe with examples/run_ppo.py, which also trains a value model "
+                 "(value.*, its own precision and parallelism); pcc's NeMo RL job is GRPO (examples/run_grpo.py) "
+                 "and the contract states the policy only", "value", span=r.span("value") or r.span("ppo"))
 
 
 def import_nemo_rl(source: str, model: str | None, hardware: str | None = None) -> Imported:
     imp = Imported({"name": contract_name(source), "framework": "nemo_rl"}, source=source)
     r = read_recipe(source, imp)
+    _job(imp, r)
     named = r.get(f"{POLICY}.model_name")
     path = named if isinstance(named, str) and Path(named).is_dir() else None
     catalog, ref = load_model(model, path, (f"{POLICY}.model_name", named if isinstance(named, str) else None))
@@ -312,8 +351,7 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
                      "experts across EP ranks only (expert tensor parallel 1)", f"{MEGATRON}.expert_tensor_parallel_size",
                      span=r.span(f"{MEGATRON}.expert_tensor_parallel_size"))
         if r.get(f"{MEGATRON}.peft.enabled"):
-            imp.warn("PCC807", "megatron_cfg.peft: NeMo RL's Megatron LoRA is not imported; the contract trains every "
-                     "weight", f"{MEGATRON}.peft.enabled", span=r.span(f"{MEGATRON}.peft.enabled"))
+            _megatron_lora(imp, r, catalog)
     else:
         t["rules"] = []
         t["master"] = "fp32"
@@ -327,6 +365,47 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
     if par:
         t["parallel"] = par
     imp.contract["trainer"] = t
+
+
+# Megatron-Bridge's LoRA with no target_modules adapts every linear layer of the block: these (NeMo RL's
+# docs/guides/lora.md, megatron_cfg.peft.target_modules).
+MEGATRON_ALL_LINEAR = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def _megatron_lora(imp: Imported, r: _Recipe, catalog) -> None:
+    """megatron_cfg.peft: LoRA over the frozen base, read backwards through the lowering's table
+    (megatron_lora_modules: contract family -> the Megatron module it is in)."""
+    at = f"{MEGATRON}.peft.target_modules"
+    names = r.get(at) or list(MEGATRON_ALL_LINEAR)
+    names = [names] if isinstance(names, str) else [str(n) for n in names]
+    modules: dict[str, list[str]] = {}
+    for family, name in tables()["megatron_lora_modules"].items():
+        modules.setdefault(name, []).append(family)
+    present = {op.family for op in catalog.operators}
+    families: list[str] = []
+    for name in names:
+        if name not in modules:
+            imp.warn("PCC807", f"megatron_cfg.peft.target_modules {name}: not a Megatron module pcc maps to contract "
+                     "families (targets/nemo_rl.yaml megatron_lora_modules); not imported", at, span=r.span(at))
+            continue
+        families += [f for f in modules[name] if f in present and f not in families]
+    if not families:
+        imp.warn("PCC807", "megatron_cfg.peft: adapts no module pcc states; the contract trains every weight",
+                 f"{MEGATRON}.peft.enabled", span=r.span(f"{MEGATRON}.peft.enabled"))
+        return
+    for key in ("exclude_modules",):
+        if r.get(f"{MEGATRON}.peft.{key}"):
+            imp.warn("PCC807", f"megatron_cfg.peft.{key} {r.get(f'{MEGATRON}.peft.{key}')}: not imported; the "
+                     "contract adapts those modules", f"{MEGATRON}.peft.{key}", span=r.span(f"{MEGATRON}.peft.{key}"))
+    t = {"kind": "lora", "rank": _int(imp, r, f"{MEGATRON}.peft.dim"),
+         "alpha": float(r.get(f"{MEGATRON}.peft.alpha")), "targets": families}
+    drop = r.get(f"{MEGATRON}.peft.dropout")
+    if drop:
+        t["dropout"] = float(drop)
+    imp.contract["trainable"] = t
+    imp.warn("PCC804", "megatron_cfg.peft.enabled: NeMo RL refits the policy's weights with the adapter merged in "
+             "(docs/guides/lora.md); pcc states a LoRA job's sync as 'adapter' (a full-weight sync of a frozen base is "
+             "PCC401)", "sync", span=r.span(f"{MEGATRON}.peft.enabled"), file=_file(r, f"{MEGATRON}.peft.enabled"))
 
 
 def _objective(imp: Imported, r: _Recipe) -> None:
@@ -355,22 +434,39 @@ def _objective(imp: Imported, r: _Recipe) -> None:
                  f"{LOSS}.sequence_level_importance_ratios", span=r.span(f"{LOSS}.sequence_level_importance_ratios"))
     if r.get("policy.router_replay.enabled"):
         c["routing_replay"] = "r3"
+    if r.get("grpo.async_grpo.enabled"):
+        age = r.get("grpo.async_grpo.max_trajectory_age_steps")
+        inflight = bool(r.get("grpo.async_grpo.in_flight_weight_updates"))
+        imp.warn("PCC804", f"grpo.async_grpo.enabled: NeMo RL's async GRPO trains on trajectories up to {age} "
+                 f"step(s) old (async_grpo.max_trajectory_age_steps {age}, async_grpo.in_flight_weight_updates "
+                 f"{str(inflight).lower()}); pcc lowers NeMo RL's synchronous GRPO only "
+                 "(sync schedule async is PCC634 there); written schedule colocated", "grpo.async_grpo.enabled",
+                 span=r.span("grpo.async_grpo.enabled"), file=_file(r, "grpo.async_grpo.enabled"))
     if r.get("policy.generation.colocated.enabled") is False:
         imp.warn("PCC804", "policy.generation.colocated.enabled false: pcc states NeMo RL's colocated GRPO only; "
                  "written schedule colocated", "policy.generation.colocated.enabled",
                  span=r.span("policy.generation.colocated.enabled"))
     c["sync"] = {"schedule": "colocated"}
+    if c.get("trainable", {}).get("kind") == "lora":
+        c["sync"]["moves"] = "adapter"
+
+
+def _file(r: _Recipe, key: str) -> str | None:
+    """The file that writes `key` (the recipe, or a base of it), None where no file of the chain does."""
+    span = r.span(key)
+    return span.file if span else None
 
 
 def _check_keys(imp: Imported, r: _Recipe) -> None:
     """The recipe's own keys against NeMo RL's (the pinned base recipes' keys, the config classes'
-    fields, read_keys): PCC810 for one it does not have; then own keys that carry precision and that
-    the import did not read (PCC807, where they differ from the base's value)."""
+    fields, read_keys): PCC810 for one it does not have. Then every key of the merged recipe (its own,
+    its bases') that carries precision, that the import did not read and whose value differs from the
+    base recipe pcc's launch.sh puts under the contract's recipe: PCC807, at the file that writes it."""
     tab = _keys_table()
     known = set().union(*(set(v) for v in tab["recipes"].values())) | set(tables().get("read_keys", {}))
     fields = set().union(*(set(v) for v in tab["classes"].values()))
     sections = {k.rsplit(".", n)[0] for k in known for n in range(1, k.count(".") + 1)}
-    base = tab["recipes"].get(Path(r.base).name, {}) if r.base else {}
+    unknown = set()
     for key in sorted(r.own):
         if "[" in key or key in ("", "defaults") or _FREE.search(key):
             continue
@@ -381,10 +477,19 @@ def _check_keys(imp: Imported, r: _Recipe) -> None:
             near = difflib.get_close_matches(leaf, fields, 1)
             imp.warn("PCC810", f"{key}: NeMo RL {tables()['version']}'s recipes and config classes have no such key",
                      key, span=r.span(key), hint=f"did you mean {near[0]}?" if near else None)
+            unknown.add(key)
+    engine = "megatron" if r.values.get(f"{MEGATRON}.enabled") else "fsdp"
+    launched = tab["recipes"][tables()["base_config"][engine]]
+    for key in sorted(r.values):
+        if key in unknown or key in r.read or "[" in key or _FREE.search(key) or not PRECISION.search(key):
             continue
-        if key in r.read or not PRECISION.search(key):
+        if key in launched and launched[key] == r.values.get(key):
             continue
-        if key in base and base[key] == r.values.get(key):
+        switch = key.rsplit(".", 1)[0] + ".enabled"  # a section NeMo RL does not read (peft, lora_cfg off)
+        if key != switch and r.values.get(switch) is False and launched.get(switch) is False:
             continue
+        span = r.span(key)
         imp.warn("PCC807", f"{key} {r.values.get(key)}: a NeMo RL key that carries precision and that pcc has no "
-                 "field for; the contract does not state it", key, span=r.span(key))
+                 "field for; the contract does not state it" + ("" if key in r.own else
+                 f" (the recipe inherits it from {Path(span.file).name if span else r.base})"), key, span=span,
+                 file=_file(r, key))

@@ -98,17 +98,24 @@ def load(text: str, file: str, what: str) -> tuple[object, dict[str, Span]]:
             raise ImportFailed(f"{file}: could not determine a constructor for the tag {n.tag!r} ({what}; only plain "
                                "YAML is read)", file=file, span=span_at(file, n.start_mark))
         if isinstance(n, yaml.MappingNode):
-            loader.flatten_mapping(n)  # YAML merge keys (<<), as the safe loader reads them
-            out = {}
-            for k, v in n.value:
+            written = sum(k.tag != "tag:yaml.org,2002:merge" for k, _ in n.value)
+            loader.flatten_mapping(n)  # YAML merge keys (<<), as the safe loader reads them: merged pairs first
+            merged = len(n.value) - written
+            out, own = {}, set()
+            for i, (k, v) in enumerate(n.value):
                 if not isinstance(k, yaml.ScalarNode):
                     raise ImportFailed(f"{file}: a mapping key must be a scalar ({what})", file=file,
                                        span=span_at(file, k.start_mark))
                 key = str(loader.construct_object(k))
-                if key in out:
+                sub = f"{path}.{key}" if path else key
+                if key in own:
                     raise ImportFailed(f"{file}: key {key!r} written twice (YAML keeps one silently)", file=file,
                                        span=span_at(file, k.start_mark), path=f"{path}.{key}".lstrip("."))
-                sub = f"{path}.{key}" if path else key
+                if i >= merged:
+                    own.add(key)
+                if key in out:  # a key written beside a merge (<<) replaces the merged one, as YAML says
+                    for gone in [s for s in spans if s.startswith((sub + ".", sub + "["))]:
+                        del spans[gone]
                 spans[sub + "@key"] = span_at(file, k.start_mark)
                 out[key] = walk(v, sub, level)
             return out

@@ -15,6 +15,7 @@ from collections import defaultdict
 import yaml
 
 from pcc.lower import Lowered, Unsupported, refuse, target, unsupported
+from pcc.lower import lower as lower_target
 from pcc.lower.engine_support import check
 from pcc.lower.settings import env, flag
 from pcc.plan import Plan
@@ -45,6 +46,30 @@ def lora_modules(plan: Plan, modules: dict, fused: dict, code: str, engine: str)
                         f"{', '.join(missing)}, which the contract leaves frozen", at,
                         hint=f"add {', '.join(missing)} to the targets")
     return sorted(names)
+
+
+def framework_args(plan: Plan, table: dict, code: str, engine: str, runs: str, source: str,
+                   hint: str) -> list[tuple[dict, object, str | None]]:
+    """The megatron target's arguments moved through a framework's table (`table`: flag -> where the
+    framework takes it, or `fixed`: the value it always runs): (where, value, the rule's path) for each
+    flag it takes, in order. A flag the table has no entry for, or a fixed one the contract sets
+    otherwise, is refused with `code` (`engine`: who takes them; `runs`: who runs the fixed value;
+    `source`: the table's file)."""
+    out = []
+    for s in lower_target(plan, "megatron").of("flag"):
+        flag, values = s.key, s.words()
+        where = table.get(flag)
+        if where is None:
+            unsupported(code, f"{engine} has no setting pcc maps the contract's Megatron argument {flag} to "
+                        f"({source} megatron_args)", s.path, hint=hint)
+        value = values[0] if values else True
+        if "fixed" in where:
+            if value != where["fixed"]:
+                unsupported(code, f"{runs} runs {flag} {where['fixed']}; the contract asks for "
+                            f"{flag} {' '.join(values)}", s.path)
+            continue
+        out.append((where, int(value) if isinstance(value, str) and value.isdigit() else value, s.path))
+    return out
 
 
 @functools.cache

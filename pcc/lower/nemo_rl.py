@@ -24,7 +24,7 @@ import yaml
 
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
-from pcc.lower.megatron import lora_modules
+from pcc.lower.megatron import framework_args, lora_modules
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
@@ -96,23 +96,11 @@ def _megatron(plan: Plan, keys: _Keys, notes: list[str]) -> None:
     flags = {s.key for s in mega.of("flag")}
     keys.set(f"{MEGATRON}.enabled", True, "trainer")
     keys.set(f"{DTENSOR}.enabled", False, "trainer")
-    for s in mega.of("flag"):
-        flag, values = s.key, s.words()
-        where = table.get(flag)
-        if where is None:
-            unsupported("PCC632", f"NeMo RL's Megatron policy has no setting pcc maps the contract's Megatron argument "
-                        f"{flag} to (targets/nemo_rl.yaml megatron_args)", s.path,
-                        hint="run the contract on Miles ('framework miles')")
-        value = values[0] if values else True
-        if "fixed" in where:
-            if value != where["fixed"]:
-                unsupported("PCC632", f"NeMo RL runs {flag} {where['fixed']}; the contract asks for "
-                            f"{flag} {' '.join(values)}", s.path)
-            continue
-        value = int(value) if isinstance(value, str) and value.isdigit() else value
+    for where, value, path in framework_args(plan, table, "PCC632", "NeMo RL's Megatron policy", "NeMo RL",
+                                             "targets/nemo_rl.yaml", "run the contract on Miles ('framework miles')"):
         if where["key"].startswith("fp8_cfg."):
-            keys.set(f"{MEGATRON}.fp8_cfg.enabled", True, s.path)
-        keys.set(f"{MEGATRON}.{where['key']}", value, s.path)
+            keys.set(f"{MEGATRON}.fp8_cfg.enabled", True, path)
+        keys.set(f"{MEGATRON}.{where['key']}", value, path)
     for flag, key in tab["megatron_defaults_on"].items():
         if flag not in flags:  # the base recipe turns it on
             keys.set(f"{MEGATRON}.{key}", False, "trainer.optimizer")

@@ -17,7 +17,7 @@ import shlex
 from pcc.lower import JOB_FILE, Lowered, Unsupported, job_file_shell, lower, lower_each, module_leaf, target, unsupported
 from pcc.lower.checkpoint_config import rollout_layout, rollout_scheme, skip_list
 from pcc.lower.engine_table import table as engine_table
-from pcc.lower.megatron import lora_modules
+from pcc.lower.megatron import framework_args, lora_modules
 from pcc.lower.server_script import kv_cache_rule, quantized_rule
 from pcc.lower.settings import Setting, hydra_quotable
 from pcc.plan import Plan
@@ -80,27 +80,16 @@ class _Keys:
 
 def _megatron(plan: Plan, over: "_Keys", notes: list[str]) -> None:
     """The megatron target's arguments, moved to where verl's Megatron engine takes them."""
-    mega, table = lower(plan, "megatron"), tables()["megatron_args"]
-    for s in mega.of("flag"):
-        flag, values = s.key, s.words()
-        where = table.get(flag)
-        if where is None:
-            unsupported("PCC625", f"verl's Megatron engine has no setting pcc maps the contract's Megatron argument "
-                        f"{flag} to (targets/verl.yaml megatron_args)", s.path,
-                        hint="run the contract on Miles ('pcc run --target miles')")
-        value = values[0] if values else True
-        if "fixed" in where:
-            if value != where["fixed"]:
-                unsupported("PCC625", f"verl runs {flag} {where['fixed']}; the contract asks for "
-                            f"{flag} {' '.join(values)}", s.path)
-            continue
-        value = int(value) if isinstance(value, str) and value.isdigit() else value
+    mega = lower(plan, "megatron")
+    for where, value, path in framework_args(plan, tables()["megatron_args"], "PCC625", "verl's Megatron engine",
+                                             "verl", "targets/verl.yaml",
+                                             "run the contract on Miles ('pcc run --target miles')"):
         if "transformer" in where:
-            over.set(f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}", value, s.path)
+            over.set(f"+{ACTOR}.megatron.override_transformer_config.{where['transformer']}", value, path)
         elif "optimizer" in where:
-            over.set(f"+{ACTOR}.optim.override_optimizer_config.{where['optimizer']}", value, s.path)
+            over.set(f"+{ACTOR}.optim.override_optimizer_config.{where['optimizer']}", value, path)
         else:
-            over.set(f"{ACTOR}.megatron.{where['engine']}", value, s.path)
+            over.set(f"{ACTOR}.megatron.{where['engine']}", value, path)
     key = f"{ACTOR}.megatron.use_distributed_optimizer"
     if mega.value("--use-distributed-optimizer") is None and engine_table("verl").default(
             key, tables()["config_name"]["megatron"]):

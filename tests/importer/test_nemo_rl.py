@@ -2,16 +2,13 @@
 
 References: pcc's own NeMo RL lowering (every contract in contracts/nemo_rl/ goes out as the bundle's
 nemo_rl/config.yaml and comes back with no engine argument difference, less what a recipe cannot
-carry), and NeMo RL's own published FP8 recipes (tests/importer/nemo_rl_recipes/, SOURCES.json: verbatim
-copies at v0.7.0), each imported or refused with a code; expected.json holds the outcomes
-(PCC_UPDATE_GOLDEN=1 rewrites it). Nothing here needs the NeMo RL checkout: the pinned base recipes'
-values are targets/nemo_rl_keys.json.
+carry), and NeMo RL's own published recipes (tests/importer/nemo_rl_recipes/, verbatim copies at v0.7.0;
+every one is imported by test_nemo_rl_recipes.py). Nothing here needs the NeMo RL checkout: the pinned
+base recipes' values are targets/nemo_rl_keys.json.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,10 +18,7 @@ from pcc.importer import ImportFailed, import_source
 from pcc.lower import compile_file, lower
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = Path(__file__).parent / "nemo_rl_recipes"
-SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
-GOLDEN = RECIPES / "expected.json"
-UPDATE = os.environ.get("PCC_UPDATE_GOLDEN") == "1"
+RECIPES = Path(__file__).parent / "nemo_rl_recipes" / "examples" / "configs" / "recipes" / "llm"
 _GEMMS = ("attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down")
 _EXPECT = {("expect", "route_agreement"), ("expect", "same_version")}
 _ALL = {(c, f) for c in ("fprop", "dgrad", "wgrad") for f in _GEMMS}  # TE's real GEMMs: no qdq/accumulate back
@@ -60,39 +54,6 @@ def test_nemo_rl_round_trip(name, tmp_path):
         assert _differences(report) == NOT_CARRIED[name]
         assert {e: (r["args"], r["env"]) for e, r in report["engines"].items() if r["args"] or r["env"]} == {}
         assert {d.path for d in imp.diagnostics if d.code == "PCC808"} >= {"expect", "trainer.rules gemm", "defaults"}
-
-
-def _model(file: str) -> str | None:
-    return next((m for key, m in SOURCES["models"].items() if key in file), None)
-
-
-def _outcome(file: str) -> dict:
-    try:
-        imp = import_source("nemo_rl", str(RECIPES / file), _model(file))
-    except ImportFailed as exc:
-        return {"model": _model(file), "refused": exc.code, "path": exc.path}
-    return {"model": _model(file), "warnings": sorted({f"{d.code} {d.path}" for d in imp.diagnostics}),
-            "contract": imp.text()}
-
-
-def test_recipes_are_the_pinned_ones():
-    assert SOURCES["commit"] == "81aa43dda4765b0429cf31dab44441e4e4383911"
-    assert sorted(SOURCES["files"]) == sorted(p.name for p in RECIPES.glob("*.yaml"))
-
-
-@pytest.mark.parametrize("file", SOURCES["files"])
-def test_published_fp8_recipe(file, tmp_path):
-    got = _outcome(file)
-    golden = json.loads(GOLDEN.read_text()) if GOLDEN.is_file() else {}
-    if UPDATE:
-        golden[file] = got
-        GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")
-    assert got == golden.get(file)
-    if "contract" in got:  # the imported contract checks
-        out = tmp_path / "c.prec"
-        out.write_text(got["contract"])
-        c = compile_file(str(out))
-        assert c.ok, [d.render() for d in c.diagnostics if d.is_error]
 
 
 def test_fp8_recipe_reads_the_base_and_its_own_keys():
@@ -140,3 +101,94 @@ def test_cli_registers_the_kind():
     from pcc.importer import KINDS
 
     assert "nemo_rl" in KINDS
+
+
+def test_yaml_merge_keys_are_overridden_not_duplicates(tmp_path):
+    """NeMo RL's distillation_math.yaml: `teacher: {<<: *POLICY_BASE, model_name: ...}`; the written key
+    replaces the merged one (YAML's merge), and a key written twice beside a merge is still refused."""
+    from pcc.importer.yamlsource import load
+
+    text = ("policy: &P\n  model_name: a\n  dtensor_cfg: &D\n    enabled: true\n    tp: 1\n"
+            "teacher:\n  <<: *P\n  model_name: b\n  dtensor_cfg:\n    <<: *D\n    tp: 4\n")
+    doc, spans = load(text, "r.yaml", "NeMo RL recipe")
+    assert doc["teacher"] == {"model_name": "b", "dtensor_cfg": {"enabled": True, "tp": 4}}
+    assert spans["teacher.model_name"].line == 8 and spans["teacher.dtensor_cfg.tp"].line == 11
+    with pytest.raises(ImportFailed) as exc:
+        load(text + "  model_name: c\n", "r.yaml", "NeMo RL recipe")
+    assert "written twice" in exc.value.message and exc.value.span.line == 12
+
+
+@pytest.mark.parametrize("section,code", [("sft", "PCC805"), ("dpo", "PCC805"), ("rm", "PCC805"),
+                                          ("distillation", "PCC805")])
+def test_a_job_that_is_no_rl_is_refused(section, code, tmp_path):
+    src = tmp_path / "r.yaml"
+    src.write_text(f"{section}:\n  max_num_steps: 10\npolicy:\n  model_name: Qwen/Qwen3-8B\n  precision: bfloat16\n")
+    with pytest.raises(ImportFailed) as exc:
+        import_source("nemo_rl", str(src), "qwen3_8b")
+    d = exc.value.to_diagnostic()
+    assert d.code == code and d.path == section and d.span.line == 2, d.render()
+
+
+def test_a_ppo_recipe_names_its_value_model(tmp_path):
+    src = tmp_path / "r.yaml"
+    base = RECIPES.parents[1] / "ppo_math_1B.yaml"  # NeMo RL's PPO base: ppo, value, no grpo section
+    src.write_text(f"defaults: {base}\nppo:\n  max_num_steps: 10\nvalue:\n  precision: float32\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b")
+    named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "value"]
+    assert named and "run_ppo.py" in named[0].message and named[0].span.line == 5
+
+
+def test_keys_nemo_rl_reads_are_not_unknown(tmp_path):
+    """Keys the published recipes set and NeMo RL reads (a free-form HF config override, keys read with
+    .get, the logger's TypedDicts) are no PCC810; a key NeMo RL reads nowhere still is."""
+    src = tmp_path / "r.yaml"
+    src.write_text("policy:\n  hf_config_overrides:\n    text_config:\n      router_aux_loss_coef: 0.0\n"
+                   "  sequence_packing:\n    fuse_loss: true\n  generation:\n    vllm_cfg:\n"
+                   "      enable_prefix_caching: false\n  megatron_cfg:\n    converter_type: Qwen3ForCausalLM\n"
+                   "logger:\n  tensorboard:\n    log_dir: tb\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    assert {d.path for d in imp.diagnostics if d.code == "PCC810"} == {"policy.megatron_cfg.converter_type"}
+
+
+def test_precision_a_base_recipe_sets_is_named_where_it_is_written(tmp_path):
+    """A precision key the recipe inherits from a base (not pcc's launch base) is PCC807 at the base's line,
+    as NeMo RL's *-tq_simple recipes inherit defer_fp32_logits; a disabled section (peft) is not read."""
+    base = tmp_path / "parent.yaml"
+    base.write_text("defaults: ../../grpo_math_1B.yaml\npolicy:\n  megatron_cfg:\n    enabled: true\n"
+                    "    defer_fp32_logits: true\n    peft:\n      lora_dtype: fp32\n  dtensor_cfg:\n    enabled: false\n")
+    src = tmp_path / "child.yaml"
+    src.write_text("defaults: parent.yaml\npolicy:\n  generation:\n    max_new_tokens: 64\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    named = {d.path: d for d in imp.diagnostics if d.code == "PCC807"}
+    d = named["policy.megatron_cfg.defer_fp32_logits"]
+    assert d.span.file == str(base) and d.span.line == 5 and "parent.yaml" in d.message, d.render()
+    assert "policy.megatron_cfg.peft.lora_dtype" not in named
+
+
+def test_async_grpo_is_named():
+    """NeMo RL's async GRPO (grpo.async_grpo) is staleness the NeMo RL target cannot lower: PCC804 at the key."""
+    src = RECIPES / "performance" / "grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml"
+    imp = import_source("nemo_rl", str(src), "llama3_8b")
+    named = [d for d in imp.diagnostics if d.code == "PCC804" and d.path == "grpo.async_grpo.enabled"]
+    assert named and "up to 1 step(s) old" in named[0].message and named[0].span is not None, imp.diagnostics
+    assert imp.contract["sync"] == {"schedule": "colocated"}
+
+
+def test_megatron_lora_is_imported():
+    """megatron_cfg.peft: rank, alpha and the families of its Megatron modules (none: every linear layer);
+    the merged refit is named (PCC804 on sync), and the contract checks."""
+    imp = import_source("nemo_rl", str(RECIPES / "grpo-qwen3-8b-base-1n8g-megatron-lora.yaml"), "qwen3_8b")
+    assert imp.contract["trainable"] == {"kind": "lora", "rank": 128, "alpha": 128.0,
+                                         "targets": ["attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down"]}
+    assert imp.contract["sync"]["moves"] == "adapter"
+    assert [d.span.line for d in imp.diagnostics if d.code == "PCC804" and d.path == "sync"] == [16]
+
+
+def test_megatron_lora_target_modules_read_backwards(tmp_path):
+    src = tmp_path / "r.yaml"
+    src.write_text("defaults: ../../grpo_math_1B_megatron.yaml\npolicy:\n  megatron_cfg:\n    peft:\n      enabled: true\n"
+                   "      dim: 16\n      alpha: 32\n      target_modules: [linear_qkv, '*.layers.0.*.linear_fc1']\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    assert imp.contract["trainable"]["targets"] == ["attn.q", "attn.kv"]
+    named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "policy.megatron_cfg.peft.target_modules"]
+    assert named and "*.layers.0.*.linear_fc1" in named[0].message and named[0].span.line == 8
