@@ -185,7 +185,7 @@ def test_fused_experts_convert_like_per_expert_and_dequantize_to_the_module(form
                 continue
             hits = [(p, e, s) for p, w, e, s in table if w in n]
             assert len(hits) == 1, n
-            param, expert, shard = hits[0]
+            param, expert, _ = hits[0]
             assert n.split(".mlp.experts.")[1].startswith(f"{expert}.")
             assert param + n.rsplit(".", 1)[1] in {f"experts.w{g}_{s}" for g in (13, 2) for s in (
                 "weight", "weight_scale_inv", "weight_scale", "weight_scale_2", "input_scale")}, n
