@@ -71,6 +71,10 @@ def read(src, enc: Encoding, codes: bool = True) -> Encoded:
         if enc.kind == "mxfp4":
             x = src.load_index(t, enc.expert)
             x = {"even": x[0::2], "odd": x[1::2]}.get(enc.rows, x)
+        elif enc.kind == "fused" and enc.output_major:  # [E, 2N, K] or [E, N, K]: expert j's rows (gate first)
+            n = enc.shape[0]
+            x = src.load_index(t, enc.expert)
+            x = {"first": x[:n], "second": x[n:]}.get(enc.rows, x)
         elif enc.kind == "fused":  # gpt-oss BF16 [E, K, N] (x @ W): expert j's columns, transposed to [N, K]
             x = src.load_index(t, enc.expert)
             x = {"even": x[:, 0::2], "odd": x[:, 1::2]}.get(enc.rows, x).T.contiguous()
@@ -118,7 +122,7 @@ def row_unit(enc: Encoding) -> int:
 # Parts stored one row (or one `row_unit` of rows) at a time; the others (global scales, `weight_shape`,
 # a tensor scale) are read whole.
 _ROW_PARTS = {"fp8_block": ("weight", "scale"), "fp8_tensor": ("weight",), "nvfp4": ("weight", "scale"),
-              "int4": ("weight", "scale", "zero_point"), "mxfp4": ("weight", "scale")}
+              "int4": ("weight", "scale", "zero_point"), "mxfp4": ("weight", "scale"), "fused": ("weight",)}
 
 
 def read_rows(src, enc: Encoding, r0: int, r1: int) -> Encoded:
@@ -135,6 +139,15 @@ def read_rows(src, enc: Encoding, r0: int, r1: int) -> Encoded:
         if role not in _ROW_PARTS[enc.kind]:
             parts[role] = src.load(t)
             _check_scales(src, enc, role, t, parts[role])
+            continue
+        if enc.kind == "fused" and enc.output_major:  # [E, rows, K]: rows [r0, r1) of expert j's gate, up or down
+            a = enc.expert * shape[1] + (n if enc.rows == "second" else 0) + r0
+            parts[role] = src.load_piece(t, a * k, (r1 - r0) * k).reshape(r1 - r0, k)
+            continue
+        if enc.kind == "fused":  # gpt-oss [E, K, N]: this expert's columns, transposed; those rows of them
+            x = src.load_index(t, enc.expert)
+            x = {"even": x[:, 0::2], "odd": x[:, 1::2]}.get(enc.rows, x)
+            parts[role] = x[:, r0:r1].T.contiguous()
             continue
         if enc.kind == "mxfp4":  # [E, rows, ...]: this expert's rows, gate at 2r and up at 2r + 1 for gate_up
             width, step = math.prod(shape[2:]), 1 if enc.rows == "all" else 2

@@ -263,6 +263,12 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budg
         name = _define(imp, {"format": "fp8_e4m3", "grouping": {"kind": "tensor"}}, "fp8_tensor")
         imp.warn("PCC804", "ModelOpt FP8 uses the checkpoint's calibrated input_scale; pcc's per-tensor FP8 scheme "
                  "states the grouping, not where the activation scale comes from", where + "quant_algo")
+    elif algo == "MIXED_PRECISION":
+        raise ImportFailed(f"{file}: ModelOpt quant_algo 'MIXED_PRECISION': {_mixed(q.get('quantized_layers'))}; one "
+                           "rollout checkpoint pcc writes has one quantization scheme (PCC312), so this export imports "
+                           "as no contract", path=where + "quant_algo", file=file,
+                           hint="import a single-format export, or write the contract's rule for the one scheme you "
+                                "roll out (e.g. `experts : nvfp4`)")
     else:
         raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4 and FP8", path=where + "quant_algo",
                            file=file)
@@ -688,3 +694,21 @@ def _preset(name: str):
 
 def _rule_schemes(contract: dict) -> list[str]:
     return [r["scheme"] for sec in ("rollout", "trainer") for r in contract.get(sec, {}).get("rules", [])]
+
+
+def _mixed(layers) -> str:
+    """What a ModelOpt MIXED_PRECISION export's `quantized_layers` quantizes how: each algorithm with the module
+    kinds it covers (the names with their layer prefix dropped), e.g. "FP8 on linear_attn.in_proj_qkv, ...;
+    W4A16_NVFP4 on mlp.experts, ...". Bounded: a few kinds per algorithm."""
+    import re
+
+    if not isinstance(layers, dict) or not layers:
+        return "no quantized_layers to say which module is which format"
+    kinds: dict[str, list[str]] = {}
+    for name, spec in layers.items():
+        algo = str(spec.get("quant_algo")) if isinstance(spec, dict) else repr(spec)
+        kind = re.sub(r"^.*?\blayers\.\d+\.", "", str(name))
+        if kind not in kinds.setdefault(algo, []):
+            kinds[algo].append(kind)
+    parts = [f"{algo} on {', '.join(k[:6])}{', ...' if len(k) > 6 else ''}" for algo, k in sorted(kinds.items())]
+    return f"its quantized_layers mix {len(kinds)} formats ({'; '.join(parts)})" if len(kinds) > 1 else parts[0]

@@ -20,6 +20,7 @@ with only the index, the names alone (`recognize_names`).
 | int4 | `P.weight_packed` I32 [N, K/8], `P.weight_scale` [N, K/G], `P.weight_shape` I64 [2], opt. `P.weight_zero_point` I32 [ceil(N/8), K/G] | (q - zp) x scale of its G |
 | mxfp4 | `L.mlp.experts.{gate_up,down}_proj_blocks` U8 [E, rows, K/32, 16], `..._scales` U8 E8M0 [E, rows, K/32] | e2m1 x 2^(e-127); expert j's gate = rows 2r, up = rows 2r+1 |
 | fused (wide) | `L.mlp.experts.gate_up_proj` [E, K=hidden, 2N] and `L.mlp.experts.down_proj` [E, K=inter, N=hidden], BF16/F16/F32, no `.weight` (gpt-oss as transformers' `GptOssForCausalLM.save_pretrained` writes it) | as stored; expert j's gate = `gate_up_proj[j][:, 0::2].T`, up = `[:, 1::2].T`, down = `down_proj[j].T` |
+| fused (wide, output-major) | `L.mlp.experts.gate_up_proj` [E, 2N, K=hidden] and `L.mlp.experts.down_proj` [E, N=hidden, K=inter], BF16/F16/F32, no `.weight` (transformers 5's own MoE layout; Qwen3.5/3.6 MoE publishes its experts so) | as stored; expert j's gate = `gate_up_proj[j][:N]`, up = `[N:]`, down = `down_proj[j]` |
 
 The mxfp4 logical tensors are per expert (`L.mlp.experts.j.{gate,up,down}_proj.weight`): gpt-oss's fused
 experts become expert operators, so `experts : mxfp4` and per-expert byte and parameter counts work as
@@ -74,7 +75,9 @@ class Encoding:
     symmetric: bool = True  # int4: no zero point
     expert: int | None = None  # mxfp4: the expert's index into the fused tensors
     rows: str = "all"  # mxfp4: "even" (gate), "odd" (up) or "all" (down) rows of that expert; fused: columns
+    # (output-major fused: "first" half of the rows (gate), "second" (up) or "all" (down))
     wide: str | None = None  # fused: the stored dtype (bf16, fp16, fp32)
+    output_major: bool = False  # fused: [E, N, K] (transformers 5's layout), not gpt-oss's input-major [E, K, N]
 
     @property
     def dtype(self) -> str:
@@ -327,34 +330,50 @@ def _see_mxfp4(view: View, blocks: str, e: dict, entries: dict, method, where) -
 
 
 def _see_fused_wide(view: View, name: str, e: dict, entries: dict, config: dict) -> None:
-    """gpt-oss as transformers saves it: `L.mlp.experts.gate_up_proj` [E, H, 2I] (gate columns even, up odd)
-    and `L.mlp.experts.down_proj` [E, I, H], stored input-major (x @ W): expert j's logical weights are the
-    per-expert `L.mlp.experts.j.{gate,up,down}_proj.weight` [N, K] of the MXFP4 layout, the transposes.
-    Other models store fused experts output-major, [E, 2I, H] with gate rows first (transformers 5's own MoE
-    layout; Qwen3.5/3.6 MoE publishes its experts so): pcc reads those by name only (the index, shapes from
-    config.json), not from shards, which its converter would decode as gpt-oss's (PCC208)."""
+    """Routed experts stored fused and wide, read as the per-expert logical weights
+    `L.mlp.experts.j.{gate,up,down}_proj.weight` [N, K] (the MXFP4 layout's), each expert's gate and up their own
+    operator, as the engines load them. Two layouts, told apart by the model type:
+    gpt-oss as transformers saves it stores them input-major (x @ W), `gate_up_proj` [E, H, 2I] (gate columns
+    even, up odd) and `down_proj` [E, I, H]: the logical weights are the transposes. Every other model stores
+    them output-major, transformers 5's own MoE layout (Qwen3.5/3.6 MoE publishes its experts so):
+    `gate_up_proj` [E, 2I, H], gate rows first, and `down_proj` [E, H, I], checked against config.json's
+    hidden_size and expert width. An MTP module's fused experts (`mtp.*`, which the engines load as their own
+    draft model) are no decoder layer's: they stay stored tensors, copied as they are."""
     base, fused = _FUSED_WIDE.fullmatch(name).groups()
-    model_type = (config.get("text_config") if isinstance(config.get("text_config"), dict) else config).get(
-        "model_type")
-    _check(model_type == "gpt_oss",
-           f"{name}: {e['dtype']} {e['shape']}, routed experts stored fused ({model_type} stores them output-major, "
-           "[E, 2 x inter, hidden], gate rows first); pcc reads fused wide experts from shards for gpt-oss only "
-           "([E, hidden, 2 x inter], gate and up interleaved). Without the shard files (config.json and "
-           "model.safetensors.index.json) pcc reads the checkpoint by name, or store the experts one per module "
-           "(`experts.J.gate_proj.weight`), as transformers' save_pretrained writes them")
+    lm = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     shape = e["shape"]
-    _check(len(shape) == 3, f"{name}: {e['dtype']} {shape}; fused experts are [E, K, N]")
-    ne, k, rows = shape
-    if fused == "gate_up_proj":
-        _check(rows % 2 == 0, f"{name}: {rows} columns; gate and up columns interleave, so they are even")
-        outs = (("gate_proj", "even", rows // 2), ("up_proj", "odd", rows // 2))
+    _check(len(shape) == 3, f"{name}: {e['dtype']} {shape}; fused experts are 3-D [E, rows, columns]")
+    if lm.get("model_type") == "gpt_oss":
+        ne, k, rows = shape
+        if fused == "gate_up_proj":
+            _check(rows % 2 == 0, f"{name}: {rows} columns; gate and up columns interleave, so they are even")
+            outs = (("gate_proj", "even", rows // 2), ("up_proj", "odd", rows // 2))
+        else:
+            outs = (("down_proj", "all", rows),)
+        output_major = False
+    elif name.startswith("mtp."):
+        return
     else:
-        outs = (("down_proj", "all", rows),)
+        ne, rows, k = shape
+        hidden = lm.get("hidden_size") if _positive(lm.get("hidden_size")) else None
+        inter = next((lm[f] for f in ("moe_intermediate_size", "intermediate_size") if _positive(lm.get(f))), None)
+        if fused == "gate_up_proj":
+            want = [ne, 2 * inter if inter else rows, hidden or k]
+            outs = (("gate_proj", "first", rows // 2), ("up_proj", "second", rows // 2))
+            what = "[E, 2 x moe_intermediate_size, hidden_size], gate rows first"
+        else:
+            want = [ne, hidden or rows, inter or k]
+            outs = (("down_proj", "all", rows),)
+            what = "[E, hidden_size, moe_intermediate_size]"
+        _check(shape == want and (fused == "down_proj" or rows % 2 == 0),
+               f"{name}: {e['dtype']} {shape}; {lm.get('model_type')} stores fused routed experts output-major, "
+               f"{what}: {want} by config.json")
+        output_major = True
     for j in range(ne):
-        for proj, parity, n in outs:
+        for proj, part, n in outs:
             logical = f"{base}.{j}.{proj}.weight"
-            view.encodings[logical] = Encoding("fused", logical, (n, k), (("weight", name),), expert=j, rows=parity,
-                                               wide=_WIDE_DTYPES[e["dtype"]])
+            view.encodings[logical] = Encoding("fused", logical, (n, k), (("weight", name),), expert=j, rows=part,
+                                               wide=_WIDE_DTYPES[e["dtype"]], output_major=output_major)
     view.consumed.add(name)
 
 
@@ -367,6 +386,8 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     consumed: set[str] = set()
     for name in names:
         m = _FUSED.fullmatch(name) or _FUSED_WIDE.fullmatch(name)
+        if m and name.startswith("mtp.") and not _FUSED.fullmatch(name) and _lm(config).get("model_type") != "gpt_oss":
+            continue  # an MTP module's fused experts: stored tensors, as from shards (`_see_fused_wide`)
         if m:
             consumed.add(name)
             base, fused = m[1], m[2]
@@ -386,6 +407,10 @@ def recognize_names(config: dict, names) -> tuple[dict[str, str], set[str]]:
     for name in weights:
         consumed.discard(name)
     return weights, consumed
+
+
+def _lm(config: dict) -> dict:
+    return config.get("text_config") if isinstance(config.get("text_config"), dict) else config
 
 
 def _config_dtype(config: dict) -> str:

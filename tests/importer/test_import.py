@@ -523,3 +523,96 @@ def test_modelopt_language_model_prefixed_exclusions(tmp_path):
     narrow = {op.family for i, op in enumerate(ops) if not plan.scheme("rollout", i).wide}
     assert {"attn.q", "attn.kv", "attn.o", "shared_experts.gate_up", "shared_experts.down", "lm_head"} <= wide
     assert narrow == {"experts.gate_up", "experts.down", "mlp.gate_up", "mlp.down"}
+
+
+# -- published checkpoint directories of the hybrid families (tests/models/published, SOURCES.md) ---------------
+
+PUBLISHED = ROOT / "tests" / "models" / "published"
+
+
+def _published_dir(tmp_path, stem: str) -> Path:
+    """A checkpoint directory holding the published config.json (+ hf_quant_config.json) as the model has them."""
+    d = tmp_path / stem
+    d.mkdir()
+    (d / "config.json").write_bytes((PUBLISHED / f"{stem}.config.json").read_bytes())
+    if (PUBLISHED / f"{stem}.hf_quant_config.json").exists():
+        (d / "hf_quant_config.json").write_bytes((PUBLISHED / f"{stem}.hf_quant_config.json").read_bytes())
+    return d
+
+
+def test_minimax_m2_5_fp8_imports_and_compiles_back(tmp_path):
+    """MiniMax-M2.5 (FP8 native): the contract is `linear : fp8_block` and its compiled rollout config has the
+    published quant_method, activation_scheme and block; `modules_to_not_convert` differs in its entries, not in
+    what it decides: SGLang's own is_layer_skipped keeps the same modules wide under either list (every router,
+    via the published `gate` and pcc's per-layer names). What pcc writes differently is warned: `fmt` (PCC804:
+    pcc writes e4m3, SGLang reads neither) and `e_score_correction_bias` (PCC802: a parameter, no module)."""
+    is_layer_skipped, _ = _sglang_functions()
+    d = _published_dir(tmp_path, "MiniMaxAI--MiniMax-M2.5")
+    original = json.loads((d / "config.json").read_text())["quantization_config"]
+    imp = import_source("checkpoint", str(d))
+    codes = {(x.code, x.path) for x in imp.diagnostics}
+    assert ("PCC804", "fmt") in codes and ("PCC802", "modules_to_not_convert[1]") in codes, codes
+    assert "linear : fp8_block" in imp.text()
+    plan = _compile(imp, tmp_path).plan
+    back = quantization_config(plan)
+    for key in ("quant_method", "activation_scheme", "weight_block_size"):
+        assert back[key] == original[key], key
+    assert (back["fmt"], original["fmt"]) == ("e4m3", "float8_e4m3fn")
+    from pcc.importer.matching import normalized_fp8_ignores
+
+    prefixes = {sglang_module(op).prefix for op in plan.catalog.operators
+                if op.family.startswith(("attn.", "experts.", "router")) or op.family == "lm_head"}
+
+    def wide(entries):
+        return {p for p in prefixes if is_layer_skipped(p, normalized_fp8_ignores(entries))}
+
+    assert wide(back["modules_to_not_convert"]) == wide(original["modules_to_not_convert"])
+    assert {p for p in wide(original["modules_to_not_convert"]) if p != "lm_head"} == {
+        sglang_module(op).prefix for op in plan.catalog.operators if op.family == "router"}
+    ops = plan.catalog.operators
+    assert {op.family for i, op in enumerate(ops) if not plan.scheme("rollout", i).wide} == {
+        "attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down"}
+
+
+def test_minimax_m2_5_nvfp4_imports_and_compiles_back(tmp_path):
+    """NVIDIA's NVFP4 MiniMax-M2.5: routed experts NVFP4, attention, routers and lm_head excluded, FP8 KV cache;
+    the compiled config has the published quant_algo, group size and KV algorithm, and SGLang's own
+    is_layer_excluded excludes the same Linear and MoE modules under pcc's list as under the published one (both the
+    flat config.json `ignore` and hf_quant_config.json's `exclude_modules`)."""
+    is_layer_skipped, is_layer_excluded = _sglang_functions()
+    d = _published_dir(tmp_path, "nvidia--MiniMax-M2.5-NVFP4")
+    nested = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
+    flat = json.loads((d / "config.json").read_text())["quantization_config"]
+    imp = import_source("checkpoint", str(d))
+    assert "experts : nvfp4" in imp.text() and "kv_cache : fp8_e4m3" in imp.text()
+    plan = _compile(imp, tmp_path).plan
+    back = quantization_config(plan)
+    assert (back["quant_algo"], back["group_size"], back["kv_cache_quant_algo"]) == (
+        nested["quant_algo"], nested["group_size"], nested["kv_cache_quant_algo"])
+    # SGLang's ModelOptFp4Config.get_quant_method: a Linear (or LM head) is excluded by is_layer_skipped (fused
+    # qkv_proj decided by its q/k/v shards) or is_layer_excluded; a FusedMoE by is_layer_excluded only.
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    linear = {sglang_module(op).prefix for op in plan.catalog.operators
+              if op.family.startswith(("attn.", "router")) or op.family == "lm_head"}
+    moe = {sglang_module(op).prefix for op in plan.catalog.operators if op.family.startswith("experts.")}
+    assert linear and moe
+
+    def excluded(entries):
+        return ({p for p in linear if is_layer_skipped(p, entries, packed) or is_layer_excluded(p, entries)}
+                | {p for p in moe if is_layer_excluded(p, entries)})
+
+    assert excluded(back["exclude_modules"]) == excluded(nested["exclude_modules"]) == excluded(flat["ignore"])
+    assert excluded(back["exclude_modules"]) == linear  # attention, routers and lm_head BF16; every expert NVFP4
+
+
+def test_qwen3_6_nvfp4_mixed_precision_is_refused_naming_the_mix(tmp_path):
+    """NVIDIA's NVFP4 Qwen3.6-35B-A3B is ModelOpt MIXED_PRECISION: FP8 attention and linear attention, W4A16 NVFP4
+    experts, shared experts and lm_head. One rollout checkpoint pcc writes has one scheme (PCC312), so the import is
+    a coded error saying what the export mixes, never a contract that silently drops half of it."""
+    d = _published_dir(tmp_path, "nvidia--Qwen3.6-35B-A3B-NVFP4")
+    with pytest.raises(ImportFailed) as exc:
+        import_source("checkpoint", str(d))
+    err = exc.value
+    assert err.code == "PCC801" and err.path == "quant_algo"
+    assert "MIXED_PRECISION" in err.message and "FP8 on linear_attn.out_proj" in err.message
+    assert "W4A16_NVFP4 on mlp.experts" in err.message and "PCC312" in err.message

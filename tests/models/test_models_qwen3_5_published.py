@@ -2,9 +2,9 @@
 fused (`mlp.experts.gate_up_proj` [E, 2 x inter, hidden], gate rows first, and `mlp.experts.down_proj`
 [E, hidden, inter], no `.weight`: transformers 5's own layout, which its Qwen3_5MoeForConditionalGeneration loads as
 it is), a vision tower under `model.visual.` and an MTP layer under `mtp.`. With the index, pcc reads the fused
-experts by name as the per-expert operators the config-only catalog lists (shapes from config.json); the vision
-tower and MTP tensors are extras. From shards it refuses them (PCC208): its converter decodes only gpt-oss's fused
-layout ([E, hidden, 2 x inter], gate and up interleaved), and would misread these."""
+experts by name as the per-expert operators the config-only catalog lists (shapes from config.json); from shards
+the same operators, their shapes checked against config.json (tests/convert/test_convert_qwen3_5_fused_experts.py
+converts them). The vision tower and the MTP layer's tensors (its fused experts as stored) are extras."""
 
 from __future__ import annotations
 
@@ -70,31 +70,36 @@ def test_index_with_fused_experts_reads_as_the_config(tmp_path):
                                                 dict.fromkeys(names, "model-00001-of-00002.safetensors")))
     assert _view(index_only) == _view(config_only)
     extras = set(index_only.extra_tensors) - set(config_only.extra_tensors)
-    # The MTP layer's fused experts read by name as per-expert tensors too; no config formula shapes them (`mtp.`
-    # is no decoder layer), so they are carried, like the vision tower.
-    mtp_experts = {f"mtp.layers.0.mlp.experts.{j}.{p}.weight" for j in range(4) for p in ("gate_proj", "up_proj")}
-    assert extras == {n for n in names if n.startswith(("model.visual.", "mtp.")) and "experts" not in n} | mtp_experts
+    # The MTP layer (`mtp.`, no decoder layer; the engines load it as their own draft model) is carried as stored,
+    # its fused experts too, like the vision tower.
+    assert extras == {n for n in names if n.startswith(("model.visual.", "mtp."))}
     ops = {op.tensor: op for op in index_only.operators}
     assert ops["model.language_model.layers.1.mlp.experts.3.gate_proj.weight"].shape == (32, 64)
     assert ops["model.language_model.layers.1.mlp.experts.3.down_proj.weight"].shape == (64, 32)
     assert ops["model.language_model.layers.0.linear_attn.in_proj_qkv.weight"].family == "attn.linear"
 
 
-def test_fused_experts_in_shards_are_refused_not_misread(tmp_path):
+def test_fused_experts_in_shards_read_as_the_index(tmp_path):
+    """From shards the fused experts are the same per-expert operators as by name; the MTP layer's stay stored."""
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
 
     config = _config()
+    config["text_config"].update(num_hidden_layers=1, layer_types=["linear_attention"])
     d = tmp_path / "shards"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(config))
     e = "model.language_model.layers.0.mlp.experts."
     save_file({e + "gate_up_proj": torch.zeros(4, 64, 64, dtype=torch.bfloat16),
-               e + "down_proj": torch.zeros(4, 64, 32, dtype=torch.bfloat16)}, str(d / "model.safetensors"))
-    with pytest.raises(CatalogError, match="output-major") as err:
-        catalog_from_checkpoint(d)
-    assert err.value.code == "PCC208"
-    assert "gpt-oss only" in str(err.value)
+               e + "down_proj": torch.zeros(4, 64, 32, dtype=torch.bfloat16),
+               "mtp.layers.0.mlp.experts.gate_up_proj": torch.zeros(4, 64, 64, dtype=torch.bfloat16)},
+              str(d / "model.safetensors"))
+    cat = catalog_from_checkpoint(d)
+    ops = {op.tensor: op for op in cat.operators if op.tensor.startswith(e)}
+    assert sorted(ops) == sorted(f"{e}{j}.{p}.weight" for j in range(4) for p in ("gate_proj", "up_proj", "down_proj"))
+    assert {ops[f"{e}3.{p}.weight"].shape for p in ("gate_proj", "up_proj")} == {(32, 64)}
+    assert ops[f"{e}3.down_proj.weight"].shape == (64, 32)
+    assert "mtp.layers.0.mlp.experts.gate_up_proj" in cat.extra_tensors
 
 
 @pytest.mark.parametrize("layer_types", [["linear_attention"], "linear_attention", ["full_attention", 3]])
