@@ -166,9 +166,9 @@ class Built:
             ExpertsInterface.register("pcc", pcc_experts)
         cfg = hf_config(arch)
         self.config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-        torch.manual_seed(0)  # the weights it initializes are never used (below); keep the global stream
-        self.model = transformers.AutoModelForCausalLM.from_config(
-            self.config, attn_implementation="sdpa", experts_implementation="pcc", dtype=torch.float32).eval()
+        with torch.random.fork_rng():  # the weights it initializes are never used (below): leave the global stream
+            self.model = transformers.AutoModelForCausalLM.from_config(
+                self.config, attn_implementation="sdpa", experts_implementation="pcc", dtype=torch.float32).eval()
         self.scope, self.arch = _Scope(), arch
         for name, mod in list(self.model.named_modules()):
             parent, _, child = name.rpartition(".")
