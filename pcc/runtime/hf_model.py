@@ -32,6 +32,7 @@ says); `model.forward`, the hand-written model, rounds them to BF16 between kern
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from torch import nn
@@ -55,6 +56,10 @@ def unavailable() -> str | None:
         return "transformers is not installed"
     if _version(transformers.__version__) < MIN_VERSION:
         return f"transformers {transformers.__version__} is older than 5.0 (no fused experts registry)"
+    try:
+        from transformers.integrations.moe import ExpertsInterface  # noqa: F401
+    except ImportError:
+        return f"transformers {transformers.__version__} has no experts-implementation registry (ExpertsInterface)"
     return None
 
 
@@ -181,6 +186,12 @@ class Built:
                 del mod.gate_up_proj, mod.down_proj
                 mod._pcc_scope, mod._pcc_prefix = self.scope, name + "."
         self.params = [n for n, _ in self.model.named_parameters()]
+        # transformers 5.2x renamed the cache argument (past_key_values -> cache); an unknown keyword would
+        # be swallowed by **kwargs and every decode step would run without its cache
+        body = inspect.signature(type(self.model.model).forward).parameters
+        self.cache_arg = "cache" if "cache" in body else "past_key_values"
+        if self.cache_arg not in body:
+            raise RuntimeError(f"transformers' {type(self.model.model).__name__}.forward takes no KV cache argument")
         expected = set(arch.tensors())
         if not set(self.params) <= expected:
             raise RuntimeError(f"transformers' {type(self.model).__name__} has parameters pcc does not hold: "
@@ -198,7 +209,7 @@ class Built:
                     hf_cache = cache.hf = _cache_class()(s, cache, self.config)
             params = {n: ex.weight(n) for n in self.params}
             out = torch.func.functional_call(self.model, params, (tokens,),
-                                             {"cache": hf_cache, "use_cache": cache is not None})
+                                             {self.cache_arg: hf_cache, "use_cache": cache is not None})
             return out.logits.float(), s.routes
         finally:
             s.ex, s.shape, s.routes, s.replay = saved
