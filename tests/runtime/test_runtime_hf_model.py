@@ -190,21 +190,23 @@ def test_an_expert_gemm_is_the_hand_worked_block_fp8_matmul(variant):
 
 
 @pytest.mark.slow  # two warm starts from an empty cache
-@pytest.mark.parametrize("contract,model,cls", [("unified_fp8", "tiny_moe", "Qwen3MoeForCausalLM"),
-                                                ("glm52_fp8_rollout", "tiny_shared_moe", "DeepseekV3ForCausalLM")])
-def test_pcc_run_trains_a_transformers_built_model_at_contract_precision(contract, model, cls):
+@pytest.mark.parametrize("contract,model,cls,gap", [
+    # unified FP8: trainer and rollout run the same emulated block-FP8 GEMMs, through the same model code
+    ("unified_fp8", "tiny_moe", "Qwen3MoeForCausalLM", (0.0, 1e-6)),
+    # an FP8 rollout (and FP8 KV cache in the MLA latent) against a BF16 trainer: a gap, and a small one
+    ("glm52_fp8_rollout", "tiny_shared_moe", "DeepseekV3ForCausalLM", (1e-6, 0.1))])
+def test_pcc_run_trains_a_transformers_built_model_at_contract_precision(contract, model, cls, gap):
     from pcc.runtime.loop import Run
 
     run = Run(plan(contract, model), small(steps=2, prompts=8, group=4), None)
     assert type(H.build(run.arch).model).__name__ == cls
-    before = {k: v.clone() for k, v in run.trainer.weights().items()}
-    rows = [run.step(s) for s in range(2)]
-    after = run.trainer.weights()
+    before = {k: v.detach().clone() for k, v in run.trainer.master.items()}  # FP32 master: a BF16 norm weight of
+    rows = [run.step(s) for s in range(2)]  # 1.0 does not move by 2 steps of lr 3e-4, its master does
+    after = run.trainer.master
     assert run.trainer.version == 2
     moved = [k for k in before if not torch.equal(before[k], after[k])]
-    assert any(".experts." in k for k in moved) and any("self_attn" in k for k in moved)
-    assert any("layernorm" in k for k in moved)  # gradients reach the norms through functional_call
+    for part in (".experts.", "self_attn", "layernorm", "embed_tokens", "lm_head", "mlp.gate.weight"):
+        assert any(part in k for k in moved), part  # gradients reach every kind of parameter
     for r in rows:
         assert 0.0 <= r["reward"] <= 1.0 and math.isfinite(r["same_version_abs_dlogp_mean"])
-        # FP8 rollout vs BF16 trainer on the same model code: a gap, and a small one
-        assert 0.0 < r["same_version_abs_dlogp_mean"] < 0.1
+        assert gap[0] <= r["same_version_abs_dlogp_mean"] <= gap[1]

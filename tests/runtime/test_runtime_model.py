@@ -16,6 +16,12 @@ from pcc.runtime.warmstart import _Plain, warm_start
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.fixture(autouse=True)
+def _hand_written(monkeypatch):
+    """These tests are the hand-written model's: its warm start too (the cache keys the model code)."""
+    monkeypatch.setenv("PCC_MODEL_CODE", "pcc")
+
+
 def _hf_state(arch: Arch, w: dict) -> dict:
     """Per-expert HF tensors -> transformers' fused expert parameters (gate rows then up rows)."""
     out = {k: v for k, v in w.items() if ".experts." not in k or ".shared_experts." in k} | arch.buffers()
