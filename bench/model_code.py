@@ -76,7 +76,7 @@ def main() -> None:
     print("-" * 80)
     for name, label, a, b in rows:
         print(f"{name:<16} {label:<16} {a * 1e3:9.1f} {b * 1e3:16.1f} {a / b:19.2f}")
-    print(machine())
+    print("after: " + machine())
 
 
 if __name__ == "__main__":

@@ -60,3 +60,14 @@ def test_html_map_bench_renders_both_pages(tmp_path):
 def test_lsp_bench_beside_a_check_process():
     out = _run("lsp.py", "--rounds", "1", "contracts/tiny_cpu.prec")
     assert any(line.startswith("tiny_cpu.prec") and line.count("s") >= 2 for line in out.splitlines())
+
+
+def test_model_code_bench_times_both_model_codes():
+    pytest.importorskip("transformers")
+    from pcc.runtime import hf_model
+
+    if hf_model.unavailable():
+        pytest.skip(hf_model.unavailable())
+    out = _run("model_code.py", "--rounds", "1", "--models", "tiny_dense")
+    rows = [line.split() for line in out.splitlines() if line.startswith("tiny_dense")]
+    assert len(rows) == 3 and all(float(r[-1]) > 0 for r in rows)
