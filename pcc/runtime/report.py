@@ -70,7 +70,8 @@ def summarize(run, history: list[dict], wall: float, error: str | None = None) -
 
 
 def render(s: dict) -> str:
-    lines = [f"{s['contract']} on {s['model']}: {s['steps']} steps, {s['status']}"
+    code = {"transformers": " (transformers' model code)", "pcc": " (hand-written model)"}.get(s.get("model_code"), "")
+    lines = [f"{s['contract']} on {s['model']}{code}: {s['steps']} steps, {s['status']}"
              + (f" ({s['error']})" if s["error"] else "")]
     if s["reward_first"] is not None:
         lines.append(f"  reward        {s['reward_first']:.3f} -> {s['reward_last']:.3f}"
