@@ -1,5 +1,8 @@
 """A small decoder-only transformer named like the Hugging Face checkpoints the catalogs describe.
 
+`forward` runs transformers' own modeling code for the architecture (`hf_model`) where transformers >= 5
+is installed, and the hand-written model here (`pcc_forward`) otherwise or with PCC_MODEL_CODE=pcc.
+
 The architecture is written once, as a function of a weight source (`Exec`), so the
 rollout engine and the trainer run the same model over their own representations:
 RoPE attention with grouped KV heads (and Qwen3's per-head q/k RMSNorm) or DeepSeek's
@@ -347,9 +350,11 @@ CODES = ("transformers", "pcc")
 def model_code() -> str:
     """Which model code runs: `PCC_MODEL_CODE` (transformers | pcc), by default transformers' own
     modeling code (`hf_model`) where transformers >= 5 is installed, else the hand-written one here."""
+    from .settings import SettingError
+
     want = os.environ.get("PCC_MODEL_CODE", "").strip().lower()
     if want and want not in CODES:
-        raise ValueError(f"PCC_MODEL_CODE={want!r}: expected one of {', '.join(CODES)}")
+        raise SettingError(f"PCC_MODEL_CODE={want!r}: expected one of {', '.join(CODES)}")
     if want == "pcc":
         return "pcc"
     from . import hf_model
@@ -358,7 +363,7 @@ def model_code() -> str:
     if why is None:
         return "transformers"
     if want == "transformers":
-        raise ArchError(f"PCC_MODEL_CODE=transformers: {why}")
+        raise SettingError(f"PCC_MODEL_CODE=transformers: {why}")
     return "pcc"
 
 

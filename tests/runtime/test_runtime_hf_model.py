@@ -15,6 +15,8 @@ from runtime_helpers import plan, small
 import pcc.runtime.model as M
 from pcc.models import load_catalog
 from pcc.runtime.model import Arch, KVCache, init_weights, model_code
+from pcc.runtime.session import set_threads
+from pcc.runtime.settings import SettingError
 
 transformers = pytest.importorskip("transformers")
 H = pytest.importorskip("pcc.runtime.hf_model")
@@ -70,8 +72,16 @@ def test_the_switch():
         mp.setenv("PCC_MODEL_CODE", "pcc")
         assert model_code() == "pcc"
         mp.setenv("PCC_MODEL_CODE", "jax")
-        with pytest.raises(ValueError, match="PCC_MODEL_CODE"):
+        with pytest.raises(SettingError, match="PCC_MODEL_CODE"):
             model_code()
+        with pytest.raises(SettingError, match="PCC_MODEL_CODE"):
+            set_threads()  # what pcc run / validate / experiment call before anything runs
+        mp.setattr(H, "unavailable", lambda: "transformers 4.57.0 is older than 5.0")
+        mp.setenv("PCC_MODEL_CODE", "transformers")
+        with pytest.raises(SettingError, match="older than 5.0"):
+            model_code()
+        mp.delenv("PCC_MODEL_CODE")
+        assert model_code() == "pcc"  # the default falls back to the hand-written model
 
 
 @pytest.mark.parametrize("name", sorted(STAND_INS))
