@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 
 import torch
 from torch import nn
@@ -174,7 +175,7 @@ class Built:
         with torch.random.fork_rng():  # the weights it initializes are never used (below): leave the global stream
             self.model = transformers.AutoModelForCausalLM.from_config(
                 self.config, attn_implementation="sdpa", experts_implementation="pcc", dtype=torch.float32).eval()
-        self.scope, self.arch = _Scope(), arch
+        self.scope, self.arch, self.lock = _Scope(), arch, threading.RLock()
         for name, mod in list(self.model.named_modules()):
             parent, _, child = name.rpartition(".")
             owner = self.model.get_submodule(parent) if parent else self.model
@@ -198,6 +199,10 @@ class Built:
                                f"{sorted(set(self.params) - expected)[:3]}")
 
     def __call__(self, ex, tokens: torch.Tensor, cache: KVCache | None, replay) -> tuple[torch.Tensor, Routes]:
+        with self.lock:  # the scope and functional_call's parameter swap are the model's: one forward at a time
+            return self._call(ex, tokens, cache, replay)
+
+    def _call(self, ex, tokens, cache, replay):
         s = self.scope
         saved = (s.ex, s.shape, s.routes, s.replay)
         s.ex, s.shape, s.routes, s.replay = ex, tuple(tokens.shape), Routes([], []), replay

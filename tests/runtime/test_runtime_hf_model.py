@@ -220,3 +220,26 @@ def test_pcc_run_trains_a_transformers_built_model_at_contract_precision(contrac
     for r in rows:
         assert 0.0 <= r["reward"] <= 1.0 and math.isfinite(r["same_version_abs_dlogp_mean"])
         assert gap[0] <= r["same_version_abs_dlogp_mean"] <= gap[1]
+
+
+def test_two_threads_run_the_same_model_on_their_own_executions():
+    """One built model per architecture serves every execution: forwards from two threads (an HTTP
+    validation's worker beside the main loop) never mix their weights."""
+    import threading
+
+    arch = Arch.from_catalog(load_catalog("tiny_dense"))
+    ws = [_weights(arch, 1), _weights(arch, 2)]
+    toks = torch.randint(0, arch.vocab, (2, 8), generator=torch.Generator().manual_seed(6))
+    alone = [H.forward(arch, FP32(w), toks)[0] for w in ws]
+    out = {0: [], 1: []}
+
+    def run(i):
+        for _ in range(6):
+            out[i].append(H.forward(arch, FP32(ws[i]), toks)[0])
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert all(torch.equal(y, alone[i]) for i in (0, 1) for y in out[i]) and len(out[0]) == len(out[1]) == 6
