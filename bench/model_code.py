@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from machine import add_busy, busy, interleaved, machine
-
 import torch
+from machine import add_busy, busy, interleaved, machine
 
 from pcc.models import load_catalog
 from pcc.runtime import hf_model

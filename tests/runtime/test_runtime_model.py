@@ -9,7 +9,9 @@ from runtime_helpers import plan  # noqa: F401  (sets the warm-start cache)
 from pcc.models import catalog_from_checkpoint, load_catalog
 from pcc.runtime.checkpoint import load_model, save_model
 from pcc.runtime.model import Arch, ArchError, KVCache
-from pcc.runtime.model import pcc_forward as forward  # the hand-written model (test_runtime_hf_model.py: transformers')
+from pcc.runtime.model import (
+    pcc_forward as forward,  # the hand-written model (test_runtime_hf_model.py: transformers')
+)
 from pcc.runtime.task import ReverseTask
 from pcc.runtime.warmstart import _Plain, warm_start
 
