@@ -72,3 +72,14 @@ def test_convert_bench_prints_both_floors_for_both_checkpoints():
         assert rows["physical floor (read, write out)"][2] == "1.00"  # x physical
         assert rows["copy floor (safetensors)"][3] == "1.00"  # x copy
         assert any(k.startswith("pcc convert") for k in rows) and rows["llm-compressor model_free_ptq"]
+
+
+def test_model_code_bench_times_both_model_codes():
+    pytest.importorskip("transformers")
+    from pcc.runtime import hf_model
+
+    if hf_model.unavailable():
+        pytest.skip(hf_model.unavailable())
+    out = _run("model_code.py", "--rounds", "1", "--models", "tiny_dense")
+    rows = [line.split() for line in out.splitlines() if line.startswith("tiny_dense")]
+    assert len(rows) == 3 and all(float(r[-1]) > 0 for r in rows)

@@ -1,5 +1,8 @@
 """A small decoder-only transformer named like the Hugging Face checkpoints the catalogs describe.
 
+`forward` runs transformers' own modeling code for the architecture (`hf_model`) where transformers >= 5
+is installed, and the hand-written model here (`pcc_forward`) otherwise or with PCC_MODEL_CODE=pcc.
+
 The architecture is written once, as a function of a weight source (`Exec`), so the
 rollout engine and the trainer run the same model over their own representations:
 RoPE attention with grouped KV heads (and Qwen3's per-head q/k RMSNorm) or DeepSeek's
@@ -12,6 +15,7 @@ dense SwiGLU MLP (Llama, DeepSeek's first layers) or an MoE MLP: softmax top-k r
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -340,9 +344,49 @@ def _swiglu(ex: Exec, p: str, x: torch.Tensor) -> torch.Tensor:
     return ex.linear(p + "down_proj.weight", a)
 
 
+CODES = ("transformers", "pcc")
+
+
+def model_code() -> str:
+    """Which model code runs: `PCC_MODEL_CODE` (transformers | pcc), by default transformers' own
+    modeling code (`hf_model`) where transformers >= 5 is installed, else the hand-written one here."""
+    from .settings import SettingError
+
+    want = os.environ.get("PCC_MODEL_CODE", "").strip().lower()
+    if want and want not in CODES:
+        raise SettingError(f"PCC_MODEL_CODE={want!r}: expected one of {', '.join(CODES)}")
+    if want == "pcc":
+        return "pcc"
+    from . import hf_model
+
+    why = hf_model.unavailable()
+    if why is None:
+        return "transformers"
+    if want == "transformers":
+        raise SettingError(f"PCC_MODEL_CODE=transformers: {why}")
+    return "pcc"
+
+
 def forward(arch: Arch, ex: Exec, tokens: torch.Tensor, cache: KVCache | None = None,
             replay: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, Routes]:
-    """Logits [B, T, V] (float32) for tokens [B, T], continuing `cache` when given.
+    """Logits [B, T, V] (float32) for tokens [B, T], continuing `cache` when given, on the model code
+    `model_code()` names (`hf_model.forward` or `pcc_forward`; same arguments, same results).
+
+    `replay`: per MoE layer (in layer order, dense layers skipped), expert ids [B, T, k] to use
+    instead of this router's top-k (routing replay); the gate weights still come from this
+    execution's router.
+    """
+    if model_code() == "transformers":
+        from .hf_model import forward as hf_forward
+
+        return hf_forward(arch, ex, tokens, cache, replay)
+    return pcc_forward(arch, ex, tokens, cache, replay)
+
+
+def pcc_forward(arch: Arch, ex: Exec, tokens: torch.Tensor, cache: KVCache | None = None,
+                replay: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, Routes]:
+    """The hand-written model: logits [B, T, V] (float32) for tokens [B, T], continuing `cache` when given.
+    Activations are rounded to BF16 between kernels.
 
     `replay`: per MoE layer (in layer order, dense layers skipped), expert ids [B, T, k] to use
     instead of this router's top-k (routing replay); the gate weights still come from this

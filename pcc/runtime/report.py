@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from .loop import PHASES
+from .model import model_code
 
 _OPS = {"<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b,
         ">": lambda a, b: a > b, "==": lambda a, b: a == b}
@@ -50,7 +51,8 @@ def summarize(run, history: list[dict], wall: float, error: str | None = None) -
     times = {p: sum(m["time"][p] for m in history) for p in PHASES}
     total = sum(times.values()) or 1.0
     return {
-        "contract": c.name, "model": run.plan.catalog.name, "steps": len(history), "seed": run.cfg.seed,
+        "contract": c.name, "model": run.plan.catalog.name, "model_code": model_code(), "steps": len(history),
+        "seed": run.cfg.seed,
         "status": "failed" if error else "ok", "error": error,
         "reward_first": statistics.mean(r[:k]) if r else None, "reward_last": statistics.mean(r[-k:]) if r else None,
         "exact_match_last": statistics.mean(_series(history, "exact_match")[-k:]) if r else None,
@@ -68,7 +70,8 @@ def summarize(run, history: list[dict], wall: float, error: str | None = None) -
 
 
 def render(s: dict) -> str:
-    lines = [f"{s['contract']} on {s['model']}: {s['steps']} steps, {s['status']}"
+    code = {"transformers": " (transformers' model code)", "pcc": " (hand-written model)"}.get(s.get("model_code"), "")
+    lines = [f"{s['contract']} on {s['model']}{code}: {s['steps']} steps, {s['status']}"
              + (f" ({s['error']})" if s["error"] else "")]
     if s["reward_first"] is not None:
         lines.append(f"  reward        {s['reward_first']:.3f} -> {s['reward_last']:.3f}"

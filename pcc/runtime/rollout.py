@@ -19,7 +19,7 @@ from pcc.numerics import formats as fm
 from .calibrate import quantize_static, static_targets
 
 from .linear import Gemm
-from .model import Arch, KVCache, bf16, forward
+from .model import Arch, KVCache, bf16, forward, model_code
 from .precision import kv_gemms, rollout_gemms
 from .sync import verify
 from .weights import convert_full, decode_operator
@@ -65,6 +65,10 @@ class RolloutEngine:
         self.kv = kv_gemms(plan)
         self.lora_scaling = lora_scaling
         self.active: Weights | None = None
+        # An unquantized KV cache holds the activations' dtype: BF16 in the hand-written model (which rounds
+        # K and V to BF16 already), FP32 in transformers' FP32 model (a BF16 cache there would be a
+        # rollout-only rounding the trainer, which has no cache, never makes).
+        self.kv_wide = bf16 if model_code() == "pcc" else (lambda t: t)
 
     # -- versions -------------------------------------------------------------------------
     def decode(self, man: dict, received: dict[str, torch.Tensor], base: Weights | None = None) -> Weights:
@@ -174,7 +178,7 @@ class _RolloutExec:
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         g = self.eng.kv.get(layer)
         if g is None:
-            return bf16(k), bf16(v)
+            return self.eng.kv_wide(k), self.eng.kv_wide(v)
         fmt = KV_STATIC.get(g.scheme.format)
         if fmt is not None:  # SGLang: fp8(k / k_scale), static per tensor
             return tuple(fm.decode_fp8(fm.encode_fp8(t.float() / KV_SCALE, fmt)) * KV_SCALE for t in (k, v))

@@ -33,6 +33,9 @@ def set_threads() -> None:
     if not 1 <= n <= MAX_THREADS:
         raise SettingError(f"PCC_THREADS={text!r}: expected a whole number from 1 to {MAX_THREADS}")
     torch.set_num_threads(n)
+    from .model import model_code
+
+    model_code()  # PCC_MODEL_CODE, checked before anything runs (SettingError)
 
 
 def _bar(total: int, initial: int, enabled: bool):

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from pcc.lang.diagnostics import PccError
 
 from . import checkpoint as _checkpoint
+from . import hf_model as _hf_model
 from . import model as _model
 from . import task as _task
 from .checkpoint import save_tensors
@@ -63,7 +64,7 @@ RECIPE = {"steps": 600, "batch": 64, "lr": 3e-3, "warmup": 20, "betas": [0.9, 0.
           "held_out": 128, "eval_every": 5, "attempts": 3}
 
 HELD_OUT_SEED = 314159  # the held-out prompts: one fixed set, whatever the run's seed
-_CODE = (sys.modules[__name__], _model, _task, _checkpoint)
+_CODE = (sys.modules[__name__], _model, _hf_model, _task, _checkpoint)
 
 
 class WarmStartError(PccError, RuntimeError):
@@ -95,9 +96,15 @@ def code_hash() -> str:
 
 
 def environment() -> dict:
-    """What sets the arithmetic order besides the code: torch, its intra-op threads, its CPU kernel level."""
+    """What sets the arithmetic order besides the code: torch, its intra-op threads, its CPU kernel level,
+    and the model code (`model.model_code()`: transformers', at its version, or the hand-written one)."""
     cap = getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")()
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cap}
+    code = _model.model_code()
+    if code == "transformers":
+        import transformers
+
+        code += " " + transformers.__version__
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": cap, "model": code}
 
 
 def cache_key(arch: Arch, task: ReverseTask, seed: int, recipe: dict | None) -> str:

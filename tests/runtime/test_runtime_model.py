@@ -8,11 +8,20 @@ from runtime_helpers import plan  # noqa: F401  (sets the warm-start cache)
 
 from pcc.models import catalog_from_checkpoint, load_catalog
 from pcc.runtime.checkpoint import load_model, save_model
-from pcc.runtime.model import Arch, ArchError, KVCache, forward
+from pcc.runtime.model import Arch, ArchError, KVCache
+from pcc.runtime.model import (
+    pcc_forward as forward,  # the hand-written model (test_runtime_hf_model.py: transformers')
+)
 from pcc.runtime.task import ReverseTask
 from pcc.runtime.warmstart import _Plain, warm_start
 
 transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _hand_written(monkeypatch):
+    """These tests are the hand-written model's: its warm start too (the cache keys the model code)."""
+    monkeypatch.setenv("PCC_MODEL_CODE", "pcc")
 
 
 def _hf_state(arch: Arch, w: dict) -> dict:

@@ -44,7 +44,8 @@ def test_the_key_covers_inputs_code_and_arithmetic(arch, monkeypatch):
 
 def test_code_hash_reads_every_module_it_runs():
     names = {m.__name__ for m in W._CODE}
-    assert names == {"pcc.runtime.warmstart", "pcc.runtime.model", "pcc.runtime.task", "pcc.runtime.checkpoint"}
+    assert names == {"pcc.runtime.warmstart", "pcc.runtime.model", "pcc.runtime.hf_model", "pcc.runtime.task",
+                     "pcc.runtime.checkpoint"}
     assert len(W.code_hash()) == 64
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from pcc.numerics import quantize, scaled_gemm
+from pcc.plan.encode import group_amax
 from pcc.runtime.calibrate import quantize_static, static_targets
 from pcc.runtime.model import bf16, forward
 from pcc.runtime.precision import rollout_gemms
@@ -83,14 +84,19 @@ def run(ctx) -> Outcome:
         y_bf16 = bf16(x) @ bf16(w).t()
         act = quantize_static(x, g.scheme, scale).dequantize(torch.float32) \
             if scale is not None and "activation" in g.roles else g.operand(x, "activation", name)
-        y_qdq = act @ g.operand(w, "weight", name).t()
+        # an NVFP4 scale group (gate and up) shares one global weight scale, from the group's amax, as the
+        # converter writes it (weight_scale_2); the reference quantizes the weight as the engine holds it
+        amax = group_amax(plan, i, lambda m: trainer.params[m].detach().float())
+        w_ref = g.operand(w, "weight", name) if amax is None or "weight" not in g.roles else \
+            quantize(w.float().contiguous(), g.scheme, "weight", name=name, amax=amax).dequantize(torch.float32)
+        y_qdq = act @ w_ref.t()
         row = {"tensor": name, "family": ops[i].family, "scheme": plan.scheme_name("rollout", i), "mode": g.mode,
                "tokens": x.shape[0], "quantization_error": rel_err(y_qdq, y_bf16),
                "activation scale": "dynamic" if scale is None else f"static input_scale {float(scale):.4g}"}
         if g.mode == "real" and {"weight", "activation"} <= g.roles:
             qa = quantize(x.contiguous(), g.scheme, "activation", name=f"{name} activation") if scale is None \
                 else quantize_static(x, g.scheme, scale)
-            qb = quantize(w.float().contiguous(), g.scheme, "weight", name=name)
+            qb = quantize(w.float().contiguous(), g.scheme, "weight", name=name, amax=amax)
             row["emulated_kernel_error"] = rel_err(scaled_gemm(qa, qb), y_qdq)
         if kernel is not None:  # the engine's output dtype applies to its reference too
             ref = bf16(y_qdq) if g.output == "bf16" else y_qdq
