@@ -298,7 +298,7 @@ def _torch_error(plan, src, it: dict, r0: int, data) -> ConvertError:
 
     dtype = src.entries[it["source"]]["dtype"]
     *_, k = plan.catalog.operators[plan.index[it["source"]]].shape
-    values = torch.from_numpy(np.frombuffer(bytes(data), dtype=np.uint16 if dtype == "BF16" else np.float32).copy())
+    values = torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.uint16 if dtype == "BF16" else np.float32))
     x = (values.view(torch.bfloat16) if dtype == "BF16" else values).reshape(-1, k)
     try:
         if it["rows"]:

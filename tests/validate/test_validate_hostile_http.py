@@ -171,13 +171,14 @@ def _routes(table: dict, seen: list):
 def test_a_failed_vllm_reload_is_refused_and_the_server_resumed(tmp_path):
     seen: list = []
     table = {"/pause": ("200 OK", b'{"status": "paused"}'), "/resume": ("200 OK", b'{"status": "resumed"}'),
-             "/collective_rpc": ("500 Internal Server Error", b"Internal Server Error")}
+             "/collective_rpc": ("500 Internal Server Error", b"Internal Server Error"),
+             "/weight_info": ("200 OK", b'{"weight_version": "0"}')}  # a version was set: a reload is needed
     with Server(_routes(table, seen)) as s:
         e = _engine(s.url, tmp_path, cls=VllmEngine)
         e.installed[1] = (Version(1, "full_weights", {}), tmp_path)
         with pytest.raises(ActivationRefused, match=r"reload_weights .*: HTTP 500: Internal Server Error"):
             e.activate(1)
-    assert seen == ["/pause", "/collective_rpc", "/resume"]
+    assert seen == ["/weight_info", "/pause", "/collective_rpc", "/resume"]
 
 
 @pytest.mark.parametrize("status", ["400 Bad Request", "404 Not Found"])  # 404: vLLM's LoRAAdapterNotFoundError
