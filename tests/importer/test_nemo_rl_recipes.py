@@ -42,7 +42,8 @@ MODELS = {cat: re.compile(name) for cat, name in {
     "qwen2_5_0_5b": r"Qwen2\.5-0\.5B(-Instruct)?", "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B(-Base)?",
     "llama3_2_1b": r"Llama-3\.2-1B(-Instruct)?", "qwen3_0_6b": r"Qwen3-0\.6B(-Base)?", "qwen3_1_7b": r"Qwen3-1\.7B(-Base)?",
     "qwen3_235b_a22b": r"Qwen3-235B-A22B", "qwen2_5_1_5b": r"Qwen2\.5-1\.5B(-Instruct)?",
-    "qwen2_5_32b": r"Qwen2\.5-32B(-Instruct)?", "moonlight_16b_a3b": r"Moonlight-16B-A3B(-Instruct)?"}.items()}
+    "qwen2_5_32b": r"Qwen2\.5-32B(-Instruct)?", "moonlight_16b_a3b": r"Moonlight-16B-A3B(-Instruct)?",
+    "qwen2_5_14b": r"Qwen2\.5-14B(-Instruct)?", "qwen2_5_72b": r"Qwen2\.5-72B(-Instruct)?"}.items()}
 # NeMo RL's DeepSeek-V3 recipes name no checkpoint: their model_name points to this guide, which casts
 # deepseek-ai/DeepSeek-V3 to a BF16 checkpoint (same config.json, quantization_config removed).
 GUIDE = "docs/guides/deepseek.md"

@@ -11,9 +11,9 @@ from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
 NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_2_1b", "llama3_8b", "minimax_m2", "moonlight_16b_a3b",
-         "qwen2_5_0_5b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_3b", "qwen2_5_7b", "qwen3_0_6b", "qwen3_1_7b",
-         "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b", "qwen3_8b", "tiny_dense",
-         "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
+         "qwen2_5_0_5b", "qwen2_5_14b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_3b", "qwen2_5_72b", "qwen2_5_7b",
+         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b",
+         "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -49,7 +49,7 @@ def dense_counts(layers, qk_norm, tied=False):
 
 @pytest.mark.parametrize("name, layers, qk_norm", [
     ("llama3_8b", 32, False), ("qwen3_8b", 36, True), ("tiny_dense", 4, False),
-    ("qwen2_5_32b", 64, False),
+    ("qwen2_5_32b", 64, False), ("qwen2_5_14b", 48, False), ("qwen2_5_72b", 80, False),
 ])
 def test_dense_counts(name, layers, qk_norm):
     catalog = load_catalog(name)
@@ -311,11 +311,13 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
 # README.md 32.5B (32,763,417,600: the card's non-embedding 31.0B plus two 152064 x 5120 embeddings, 1.56B, is
 # 32.56B; the card rounds down); Qwen/Qwen3-0.6B README.md 0.6B (596,049,920, tied); Qwen/Qwen3-1.7B README.md 1.7B
 # (1,720,574,976, tied); Qwen/Qwen3-235B-A22B README.md 235B total (235,093,634,560); moonshotai/Moonlight-16B-A3B
-# README.md 16B total, 3B activated (15,960,108,544).
+# README.md 16B total, 3B activated (15,960,108,544); Qwen/Qwen2.5-14B README.md 14.7B (14,769,689,600);
+# Qwen/Qwen2.5-72B README.md 72.7B (72,705,384,448).
 PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
                     "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9, "llama3_2_1b": 1.23e9,
                     "qwen2_5_1_5b": 1.54e9, "qwen2_5_32b": 32.5e9, "qwen3_0_6b": 0.6e9, "qwen3_1_7b": 1.7e9,
-                    "qwen3_235b_a22b": 235e9, "moonlight_16b_a3b": 16e9}
+                    "qwen3_235b_a22b": 235e9, "moonlight_16b_a3b": 16e9,
+                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

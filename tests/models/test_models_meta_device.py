@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 CONFIGS = Path(__file__).resolve().parents[2] / "pcc" / "models" / "configs"
-DENSE = ("llama3_2_1b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen3_0_6b", "qwen3_1_7b")
+DENSE = ("llama3_2_1b", "qwen2_5_14b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_72b", "qwen3_0_6b", "qwen3_1_7b")
 
 
 @pytest.mark.parametrize("name", DENSE)
