@@ -307,7 +307,7 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
         where: dict[str, str] = {}
         fp8_on = bool(r.get(f"{MEGATRON}.fp8_cfg.enabled"))
         for flag, w in tables()["megatron_args"].items():  # the lowering's table, read backwards
-            if "key" not in w:
+            if "key" not in w or (w["key"] == "moe_router_dtype" and not catalog.is_moe):  # no router: not read
                 continue
             key = f"{MEGATRON}.{w['key']}"
             value = r.get(key)
@@ -328,8 +328,10 @@ def _trainer(imp: Imported, r: _Recipe, catalog) -> None:
                 imp.diagnostics[n] = dataclasses.replace(d, path=key, span=r.span(key) or d.span)
         if "--fp8-param-gather" in flags:
             t["param_gather"] = "fp8"
-        router = r.get(f"{MEGATRON}.moe_router_dtype")
-        if catalog.is_moe and router != "fp32":
+        # A model with no router: its router dtype is nothing the contract states, and left unread, the key
+        # check below names it where it differs from the launch base's.
+        router = r.get(f"{MEGATRON}.moe_router_dtype") if catalog.is_moe else "fp32"
+        if router != "fp32":
             imp.warn("PCC804", f"megatron_cfg.moe_router_dtype {router}: pcc's Megatron trainer computes router logits "
                      "in FP32; the contract cannot state otherwise", f"{MEGATRON}.moe_router_dtype",
                      span=r.span(f"{MEGATRON}.moe_router_dtype"))
@@ -493,3 +495,15 @@ def _check_keys(imp: Imported, r: _Recipe) -> None:
                  "field for; the contract does not state it" + ("" if key in r.own else
                  f" (the recipe inherits it from {Path(span.file).name if span else r.base})"), key, span=span,
                  file=_file(r, key))
+    # A precision key the recipe's chain does not set and the launch base does: the round trip runs the base's.
+    for key in sorted(set(launched) - set(r.values)):
+        if key in r.read or "[" in key or _FREE.search(key) or not PRECISION.search(key):
+            continue
+        if launched[key] in (None, False, "", []):  # NeMo RL reads an absent key as unset
+            continue
+        switch = key.rsplit(".", 1)[0] + ".enabled"
+        if key != switch and launched.get(switch) is False and not r.values.get(switch):
+            continue
+        imp.warn("PCC807", f"{key}: the recipe does not set this NeMo RL key that carries precision; the base recipe "
+                 f"pcc's launch.sh puts under the contract ({tables()['base_config'][engine]}) sets it to "
+                 f"{launched[key]!r}, and the contract does not state it", key)

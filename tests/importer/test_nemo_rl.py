@@ -192,3 +192,27 @@ def test_megatron_lora_target_modules_read_backwards(tmp_path):
     assert imp.contract["trainable"]["targets"] == ["attn.q", "attn.kv"]
     named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "policy.megatron_cfg.peft.target_modules"]
     assert named and "*.layers.0.*.linear_fc1" in named[0].message and named[0].span.line == 8
+
+
+def test_precision_key_the_launch_base_adds_is_named():
+    """A recipe whose chain does not set a precision key that the base recipe pcc's launch.sh puts under the
+    contract does set (NeMo RL's PPO recipes over ppo_math_1B.yaml have no mcore_generation_config; the launch
+    base writes kv_cache_management_mode persist) runs with the base's value after the round trip: PCC807 names it."""
+    src = RECIPES / "ppo-qwen2.5-1.5b-gsm8k-1n8g-automodel-valuetp2sp.yaml"
+    imp = import_source("nemo_rl", str(src), "qwen2_5_1_5b")
+    key = "policy.generation.mcore_generation_config.kv_cache_management_mode"
+    named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == key]
+    assert named and "persist" in named[0].message and "does not set" in named[0].message, imp.diagnostics
+
+
+def test_router_dtype_of_a_dense_model_is_named(tmp_path):
+    """megatron_cfg.moe_router_dtype of a model with no router is nothing the contract states: where it differs
+    from the launch base's (fp64), PCC807 names it (NeMo RL's Nemotron-3-Super pipeline checks on Qwen3-1.7B
+    with fp32); a MoE model's is read (PCC804 for anything but fp32)."""
+    src = tmp_path / "r.yaml"
+    src.write_text("defaults: ../../grpo_math_1B_megatron.yaml\npolicy:\n  megatron_cfg:\n    moe_router_dtype: fp32\n")
+    imp = import_source("nemo_rl", str(src), "qwen3_8b", "H100")
+    named = [d for d in imp.diagnostics if d.code == "PCC807" and d.path == "policy.megatron_cfg.moe_router_dtype"]
+    assert named and named[0].span.line == 4, imp.diagnostics
+    imp = import_source("nemo_rl", str(src), "qwen3_30b_a3b", "H100")
+    assert not [d for d in imp.diagnostics if d.path == "policy.megatron_cfg.moe_router_dtype"], imp.diagnostics

@@ -39,7 +39,11 @@ MODELS = {cat: re.compile(name) for cat, name in {
     "llama3_8b": r"Llama-3\.1-8B(-Instruct)?", "qwen3_8b": r"Qwen3-8B(-Base)?", "qwen3_4b": r"Qwen3-4B(-Base)?",
     "qwen3_32b": r"Qwen3-32B", "qwen3_30b_a3b": r"Qwen3-30B-A3B(-Base|-Instruct-2507|-Thinking-2507)?",
     "qwen2_5_7b": r"Qwen2\.5-7B(-Instruct)?", "qwen2_5_3b": r"Qwen2\.5-3B(-Instruct)?",
-    "qwen2_5_0_5b": r"Qwen2\.5-0\.5B(-Instruct)?", "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B(-Base)?"}.items()}
+    "qwen2_5_0_5b": r"Qwen2\.5-0\.5B(-Instruct)?", "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B(-Base)?",
+    "llama3_2_1b": r"Llama-3\.2-1B(-Instruct)?", "qwen3_0_6b": r"Qwen3-0\.6B(-Base)?", "qwen3_1_7b": r"Qwen3-1\.7B(-Base)?",
+    "qwen3_235b_a22b": r"Qwen3-235B-A22B", "qwen2_5_1_5b": r"Qwen2\.5-1\.5B(-Instruct)?",
+    "qwen2_5_32b": r"Qwen2\.5-32B(-Instruct)?", "moonlight_16b_a3b": r"Moonlight-16B-A3B(-Instruct)?",
+    "qwen2_5_14b": r"Qwen2\.5-14B(-Instruct)?", "qwen2_5_72b": r"Qwen2\.5-72B(-Instruct)?"}.items()}
 # NeMo RL's DeepSeek-V3 recipes name no checkpoint: their model_name points to this guide, which casts
 # deepseek-ai/DeepSeek-V3 to a BF16 checkpoint (same config.json, quantization_config removed).
 GUIDE = "docs/guides/deepseek.md"

@@ -35,7 +35,10 @@ _VARIANT = r"(-Base|-Instruct(-2507)?|-Thinking|-FP8|-INT4)*"
 MODELS = {cat: name + _VARIANT for cat, name in {
     "qwen3_30b_a3b": r"Qwen3-30B-A3B", "qwen3_8b": r"Qwen3-8B", "qwen3_4b": r"Qwen3-4B", "qwen3_32b": r"Qwen3-32B",
     "qwen2_5_0_5b": r"Qwen2\.5-0\.5B", "qwen2_5_3b": r"Qwen2\.5-3B", "qwen2_5_7b": r"Qwen2\.5-7B",
-    "deepseek_v3": r"DeepSeek-V3", "kimi_k2": r"Kimi-K2", "glm5": r"GLM-5"}.items()}
+    "deepseek_v3": r"DeepSeek-V3", "kimi_k2": r"Kimi-K2", "glm5": r"GLM-5", "qwen3_0_6b": r"Qwen3-0\.6B",
+    "qwen3_1_7b": r"Qwen3-1\.7B", "qwen3_235b_a22b": r"Qwen3-235B-A22B", "qwen2_5_1_5b": r"Qwen2\.5-1\.5B",
+    "qwen2_5_32b": r"Qwen2\.5-32B", "llama3_2_1b": r"Llama-3\.2-1B", "moonlight_16b_a3b": r"Moonlight-16B-A3B",
+    "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B", "qwen2_5_14b": r"Qwen2\.5-14B", "qwen2_5_72b": r"Qwen2\.5-72B"}.items()}
 
 # Miles/Megatron/SGLang flags that decide numerics, placement of precision, or what sync and the
 # correction do: compared between the script and the regenerated launch.

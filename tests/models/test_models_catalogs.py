@@ -10,9 +10,10 @@ import pytest
 from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
-NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_8b", "minimax_m2", "qwen2_5_0_5b", "qwen2_5_3b", "qwen2_5_7b",
-         "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b", "qwen3_8b", "tiny_dense", "tiny_moe",
-         "tiny_moe_128", "tiny_shared_moe")
+NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_2_1b", "llama3_8b", "minimax_m2", "moonlight_16b_a3b",
+         "qwen2_5_0_5b", "qwen2_5_14b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_3b", "qwen2_5_72b", "qwen2_5_7b",
+         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b",
+         "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -33,18 +34,22 @@ def test_every_config_states_its_source():
         assert config(name)["_source"]
 
 
-def dense_counts(layers, qk_norm):
-    """embed + final norm + lm_head; per layer 2 norms (+ q_norm, k_norm),
+def dense_counts(layers, qk_norm, tied=False):
+    """embed + final norm + lm_head (none when the embeddings are tied); per layer 2 norms (+ q_norm, k_norm),
     q, k+v, o, kv_cache, gate+up, down."""
-    return {
+    result = {
         "embed": 1, "attn.q": layers, "attn.kv": 2 * layers, "attn.o": layers,
         "mlp.gate_up": 2 * layers, "mlp.down": layers,
         "norm": (4 if qk_norm else 2) * layers + 1, "lm_head": 1, "kv_cache": layers,
     }
+    if tied:
+        del result["lm_head"]
+    return result
 
 
 @pytest.mark.parametrize("name, layers, qk_norm", [
     ("llama3_8b", 32, False), ("qwen3_8b", 36, True), ("tiny_dense", 4, False),
+    ("qwen2_5_32b", 64, False), ("qwen2_5_14b", 48, False), ("qwen2_5_72b", 80, False),
 ])
 def test_dense_counts(name, layers, qk_norm):
     catalog = load_catalog(name)
@@ -52,7 +57,18 @@ def test_dense_counts(name, layers, qk_norm):
     assert catalog.architecture == "dense" and not catalog.is_moe and catalog.num_experts == 0
 
 
-@pytest.mark.parametrize("name, layers, experts", [("qwen3_30b_a3b", 48, 128), ("tiny_moe", 4, 8)])
+# Tied input and output embeddings (tie_word_embeddings): no lm_head of their own.
+@pytest.mark.parametrize("name, layers, qk_norm", [
+    ("llama3_2_1b", 16, False), ("qwen3_0_6b", 28, True), ("qwen3_1_7b", 28, True), ("qwen2_5_1_5b", 28, False),
+])
+def test_tied_dense_counts(name, layers, qk_norm):
+    catalog = load_catalog(name)
+    assert counts(catalog) == dense_counts(layers, qk_norm, tied=True)
+    assert catalog.architecture == "dense" and not catalog.is_moe and catalog.num_experts == 0
+
+
+@pytest.mark.parametrize("name, layers, experts", [("qwen3_30b_a3b", 48, 128), ("tiny_moe", 4, 8),
+                                                        ("qwen3_235b_a22b", 94, 128)])
 def test_qwen3_moe_counts(name, layers, experts):
     # Every layer is MoE (decoder_sparse_step 1, no mlp_only_layers); no shared experts.
     catalog = load_catalog(name)
@@ -91,6 +107,18 @@ def test_deepseek_v3_counts():
         catalog.family_index()["experts.down"]) == 58 * 256 * 3 == 44544
     assert max(op.layer for op in catalog.operators if op.layer is not None) == 60
     assert len(catalog.extra_tensors) == 58  # one e_score_correction_bias per router
+
+
+def test_moonlight_counts():
+    # DeepSeek-V3's layout without a q LoRA (q_lora_rank null): one q_proj and no q_a_layernorm per layer; one dense
+    # layer, 26 MoE layers of 64 experts and 2 shared experts (fused: one shared_experts MLP of 2 x 1408).
+    catalog = load_catalog("moonlight_16b_a3b")
+    expected = mla_counts(layers=27, dense=1, experts=64, indexer=False)
+    expected["attn.q"], expected["norm"] = 27, 3 * 27 + 1
+    assert counts(catalog) == expected
+    shared = [op for op in catalog.operators if op.family == "shared_experts.down"]
+    assert shared[0].shape == (2048, 2 * 1408)
+    assert len(catalog.extra_tensors) == 26  # one e_score_correction_bias per router
 
 
 def test_kimi_k2_counts():
@@ -278,8 +306,18 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
 # Qwen/Qwen3.5-35B-A3B README.md: 35B in total (the catalog is the language model, 34.66B: no vision tower, no
 # MTP layer). MiniMaxAI's MiniMax-M2 model card: 230B total, 10B active (M2.5 keeps the architecture; the
 # catalog, without the MTP modules, is 228.69B).
+# Issue 30's catalogs, the catalog's count against the card's: meta-llama/Llama-3.2-1B README.md "1B (1.23B)"
+# (1,235,814,400, embeddings tied); Qwen/Qwen2.5-1.5B README.md 1.54B (1,543,656,960, tied); Qwen/Qwen2.5-32B
+# README.md 32.5B (32,763,417,600: the card's non-embedding 31.0B plus two 152064 x 5120 embeddings, 1.56B, is
+# 32.56B; the card rounds down); Qwen/Qwen3-0.6B README.md 0.6B (596,049,920, tied); Qwen/Qwen3-1.7B README.md 1.7B
+# (1,720,574,976, tied); Qwen/Qwen3-235B-A22B README.md 235B total (235,093,634,560); moonshotai/Moonlight-16B-A3B
+# README.md 16B total, 3B activated (15,960,108,544); Qwen/Qwen2.5-14B README.md 14.7B (14,769,689,600);
+# Qwen/Qwen2.5-72B README.md 72.7B (72,705,384,448).
 PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
-                    "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9}
+                    "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9, "llama3_2_1b": 1.23e9,
+                    "qwen2_5_1_5b": 1.54e9, "qwen2_5_32b": 32.5e9, "qwen3_0_6b": 0.6e9, "qwen3_1_7b": 1.7e9,
+                    "qwen3_235b_a22b": 235e9, "moonlight_16b_a3b": 16e9,
+                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

@@ -5,7 +5,8 @@ sources below) and saved with `save_pretrained` in shards with an index: the ten
 relations are transformers' own. pcc reads the directory three ways, as users have it: config.json only, config +
 index, config + shards. All three give the same operators (names, families, shapes) and extras, and a one-line
 contract checks and compiles on it. Sources: pcc/models/configs (meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-8B,
-Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, Qwen/Qwen3.5-35B-A3B,
+Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, moonshotai/Moonlight-16B-A3B,
+Qwen/Qwen3.5-35B-A3B,
 MiniMaxAI/MiniMax-M2.5); GLM-4.5: zai-org/GLM-4.5 as vLLM's tests/config/base_model_arch_groundtruth.json records it
 (hidden 5120, 92 layers, 96 heads, 8 KV heads, head_dim 128, 160 experts, vocab 151552) with attention_bias, 1 shared
 expert, 3 dense layers and moe_intermediate_size 1536. Qwen2-MoE: Qwen/Qwen1.5-MoE-A2.7B as transformers'
@@ -65,6 +66,9 @@ MODELS = {
     "Qwen3-MoE": ("qwen3_30b_a3b", "Qwen3MoeConfig", dict(MOE, num_experts=4), "experts : fp8_block"),
     "DeepSeek-V3": ("deepseek_v3", "DeepseekV3Config", dict(MOE, **MLA), "linear : fp8_block"),
     "Kimi-K2": ("kimi_k2", "DeepseekV3Config", dict(MOE, **MLA), "experts : int4_g32"),
+    # Moonlight keeps q_lora_rank null (one q_proj, no q_a_layernorm) and two shared experts.
+    "Moonlight": ("moonlight_16b_a3b", "DeepseekV3Config", dict(MOE, **dict(MLA, q_lora_rank=None), n_shared_experts=2),
+                  "experts : fp8_block"),
     "GLM-4.5": (GLM45, "Glm4MoeConfig", dict(MOE, n_routed_experts=4, first_k_dense_replace=1, num_hidden_layers=3),
                 "linear : fp8_block"),
     "Qwen2-MoE": (QWEN2_MOE, "Qwen2MoeConfig", dict(MOE, num_experts=4, shared_expert_intermediate_size=64),
