@@ -227,10 +227,16 @@ def ladder(tmp: Path, name: str, text: str, model: Path, start_on_version0: bool
         print(f"\n{name}: server answered after {started:.1f} s, validate {report['validate_s']} s", file=sys.stderr)
         for lv in report["levels"]:
             print(f"  level {lv['level']} {lv['status']}: " + ", ".join(
-                f"{c['metric']} {c['observed']!r:.10} ({c['op']} {c['value']})" for c in lv["checks"]), file=sys.stderr)
+                f"{c['metric']} {_fig(c['observed'])} ({c['op']} {c['value']})" for c in lv["checks"]), file=sys.stderr)
         return report
     finally:
         server.stop()
+
+
+def _fig(x) -> str:
+    """A figure for the log line: numbers to 4 significant digits (a truncated repr once printed 1.98e-07 as
+    '1.98406064')."""
+    return f"{x:.4g}" if isinstance(x, float) else repr(x)
 
 
 @pytest.fixture(scope="module")
