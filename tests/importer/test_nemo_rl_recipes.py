@@ -15,21 +15,22 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from pcc.importer import Imported, import_source
+from pcc.importer import Imported
 from pcc.lang.diagnostics import PccError
-from pcc.lower import compile_file, lower
+from pcc.lower import lower
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_corpus import Expected, outcome  # noqa: E402
 
 ROOT = Path(__file__).parent / "nemo_rl_recipes"
 SOURCES = json.loads((ROOT / "SOURCES.json").read_text())
-EXPECTED_FILE = ROOT / "expected.json"
-EXPECTED = json.loads(EXPECTED_FILE.read_text()) if EXPECTED_FILE.is_file() else {}
-UPDATE = os.environ.get("PCC_UPDATE_GOLDEN") == "1"
+EXPECTED = Expected(ROOT / "expected.json")
 CASES = sorted(SOURCES["recipes"])
 
 # The checkpoint a recipe trains (policy.model_name, its last path component) -> the catalog of that
@@ -164,30 +165,11 @@ def _lost(case: str, imp, plan) -> list[str]:
             and not any(re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", said) for n in _names(k))]
 
 
-def _outcome(case: str, model: str | None, tmp_path: Path) -> tuple[dict, list[str]]:
-    try:
-        imp = import_source("nemo_rl", str(ROOT / case), model=model)
-    except PccError as exc:
-        return {"model": model, "outcome": exc.code, "path": exc.path}, []
-    out = tmp_path / "imported.prec"
-    out.write_text(imp.text())
-    compiled = compile_file(str(out))
-    errors = sorted({d.code for d in compiled.diagnostics if d.severity == "error"})
-    if errors:
-        return {"model": model, "outcome": "check " + " ".join(errors)}, []
-    warnings = sorted({f"{d.code} {d.path}" for d in imp.diagnostics})
-    return {"model": model, "outcome": "compiled", "warnings": warnings}, _lost(case, imp, compiled.plan)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_published_recipe(case, tmp_path):
-    got, lost = _outcome(case, _model(case), tmp_path)
-    if UPDATE:
-        EXPECTED[case] = got
-        EXPECTED_FILE.write_text(json.dumps(dict(sorted(EXPECTED.items())), indent=1) + "\n")
-    assert not got["outcome"].startswith("check"), f"{case}: the imported contract does not check: {got}"
-    assert got == EXPECTED.get(case), case
-    assert not lost, f"{case}: settings the round trip changes and no warning names: {lost}"
+    got, lost = outcome("nemo_rl", ROOT / case, _model(case), tmp_path,
+                        lambda imp, plan: _lost(case, imp, plan), paths=True)
+    EXPECTED.check(case, got, lost)
 
 
 def test_copies_are_the_published_files():
@@ -201,7 +183,7 @@ def test_copies_are_the_published_files():
 
 def test_every_copy_is_expected():
     """expected.json names exactly the recipes here (a recipe added or removed updates both)."""
-    assert sorted(EXPECTED) == CASES
+    assert sorted(EXPECTED.cases) == CASES
 
 
 def test_the_docs_list_every_recipe_tested():

@@ -11,21 +11,20 @@ back the same, or the import said, with a code, that it cannot carry it.
 
 from __future__ import annotations
 
-import json
-import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from pcc.importer import import_source
 from pcc.lang.diagnostics import PccError
-from pcc.lower import compile_file, lower
+from pcc.lower import lower
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from import_corpus import Expected, outcome  # noqa: E402
 
 ROOT = Path(__file__).parent / "launches"
-EXPECTED_FILE = ROOT / "expected.json"
-EXPECTED = json.loads(EXPECTED_FILE.read_text()) if EXPECTED_FILE.is_file() else {}
-UPDATE = os.environ.get("PCC_UPDATE_GOLDEN") == "1"
+EXPECTED = Expected(ROOT / "expected.json")
 CASES = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.sh"))
 
 # The checkpoint a script names -> the catalog of that model (the models' own configs; a name not here
@@ -188,35 +187,16 @@ def _lost(case: str, imp, plan) -> list[str]:
                   if not _same(src[k], gen[k]) and k.lstrip("-").rsplit(".", 1)[-1] not in said)
 
 
-def _outcome(case: str, model: str | None, tmp_path: Path) -> tuple[dict, list[str]]:
-    try:
-        imp = import_source(_kind(case), str(ROOT / case), model=model)
-    except PccError as exc:
-        return {"model": model, "outcome": exc.code}, []
-    out = tmp_path / "imported.prec"
-    out.write_text(imp.text())
-    compiled = compile_file(str(out))
-    errors = sorted({d.code for d in compiled.diagnostics if d.severity == "error"})
-    if errors:
-        return {"model": model, "outcome": "check " + " ".join(errors)}, []
-    warnings = sorted({d.code for d in imp.diagnostics})
-    return {"model": model, "outcome": "compiled", "warnings": warnings}, _lost(case, imp, compiled.plan)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_published_launch(case, tmp_path):
-    got, lost = _outcome(case, _model(case), tmp_path)
-    if UPDATE:
-        EXPECTED[case] = got
-        EXPECTED_FILE.write_text(json.dumps(dict(sorted(EXPECTED.items())), indent=1) + "\n")
-    assert not got["outcome"].startswith("check"), f"{case}: the imported contract does not check: {got}"
-    assert got == EXPECTED.get(case), case
-    assert not lost, f"{case}: settings the round trip changes and no warning names: {lost}"
+    got, lost = outcome(_kind(case), ROOT / case, _model(case), tmp_path,
+                        lambda imp, plan: _lost(case, imp, plan), paths=False)
+    EXPECTED.check(case, got, lost)
 
 
 def test_every_copy_is_expected():
     """expected.json names exactly the copies here (a script added or removed updates both)."""
-    assert sorted(EXPECTED) == CASES
+    assert sorted(EXPECTED.cases) == CASES
 
 
 def test_the_docs_list_every_launch_tested():
