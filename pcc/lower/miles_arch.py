@@ -9,7 +9,8 @@ published models pcc catalogs, and parses them with megatron-core's parser.
 
 Mapped families (model_type): Llama/Mistral and Qwen2/Qwen3 dense (GQA), Qwen3-MoE,
 GLM-4.5 MoE (glm4_moe), DeepSeek-V3 and Kimi-K2 (MLA + MoE), GLM-5 (MLA + MoE + DeepSeek
-sparse attention, through the layer spec Miles ships). What a config says that these flags
+sparse attention, through the layer spec Miles ships), Qwen3.5/3.6 MoE (gated full attention and
+Gated DeltaNet linear attention, through Miles' Qwen3.5 layer spec). What a config says that these flags
 cannot carry is a gap: `architecture` returns no flags and says why, and the launch takes the
 architecture from the job file instead.
 """
@@ -26,8 +27,11 @@ from pcc.models.base import lm_config
 from pcc.resources import data_dir
 
 DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-MOE_TYPES = frozenset({"qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2", "glm_moe_dsa"})
-QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})  # per-head q/k RMSNorm (glm4_moe: use_qk_norm)
+# Qwen3.5/3.6 MoE (the language model a multimodal config nests under text_config): Miles builds its
+# linear-attention layers with its own spec, which reads their sizes from the HF checkpoint's config.
+QWEN3_5_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text"})
+MOE_TYPES = frozenset({"qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2", "glm_moe_dsa"}) | QWEN3_5_TYPES
+QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"}) | QWEN3_5_TYPES  # per-head q/k RMSNorm (glm4_moe: use_qk_norm)
 QKV_BIAS_TYPES = frozenset({"qwen2"})  # q/k/v biases whatever attention_bias says
 # Routers that score with a sigmoid and route with a learned per-expert bias
 # (e_score_correction_bias) whether or not the config names it.
@@ -99,8 +103,12 @@ def _rope(c: dict, arch: Arch, mla: bool) -> None:
     theta = c.get("rope_theta", params.get("rope_theta"))
     scaling = c.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
     arch.add("--position-embedding-type", "rope")
-    if c.get("partial_rotary_factor", 1.0) != 1.0:
-        arch.add("--rotary-percent", c["partial_rotary_factor"])
+    partial = c.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        arch.add("--rotary-percent", partial)
+    if params.get("mrope_section"):
+        arch.notes.append("M-RoPE (rope_parameters.mrope_section) rotates text tokens, whose three position ids are "
+                          "equal, as 1-D RoPE does: Megatron's RoPE for a text-only job")
     if theta is None:
         arch.notes.append("config.json gives no rope_theta: --rotary-base stays Megatron's default 10000 unless the "
                           "job sets it (Miles compares it with the rollout checkpoint's rope_theta at start)")
@@ -155,9 +163,19 @@ def _attention(c: dict, mt: str, arch: Arch) -> bool:
     arch.add("--kv-channels", c.get("head_dim") or c["hidden_size"] // heads)
     if mt in QK_NORM_TYPES or c.get("use_qk_norm"):
         arch.add("--qk-layernorm")
+    if c.get("attn_output_gate"):  # a sigmoid gate on the attention output, from q_proj's second half
+        arch.add("--attention-output-gate")
     if mt in QKV_BIAS_TYPES or c.get("attention_bias"):
         arch.add("--add-qkv-bias")
     return False
+
+
+def _ffn(c: dict) -> int:
+    """--ffn-hidden-size: the dense MLP's width; a config with every layer MoE may give none (Qwen3.5), and
+    Megatron builds no dense MLP then, so the expert width stands in (as Miles' Qwen3.5 scripts write)."""
+    if "intermediate_size" in c or not all(moe_layers(c)):
+        return c["intermediate_size"]
+    return c["moe_intermediate_size"]
 
 
 def _moe(c: dict, mt: str, arch: Arch, settings: dict) -> None:
@@ -168,6 +186,10 @@ def _moe(c: dict, mt: str, arch: Arch, settings: dict) -> None:
     arch.add("--moe-layer-freq", layer_pattern(moe_layers(c)))
     if c.get("n_shared_experts"):
         arch.add("--moe-shared-expert-intermediate-size", c["moe_intermediate_size"] * c["n_shared_experts"])
+    elif c.get("shared_expert_intermediate_size"):
+        arch.add("--moe-shared-expert-intermediate-size", c["shared_expert_intermediate_size"])
+        if mt in QWEN3_5_TYPES:  # a sigmoid gate scales the shared expert (shared_expert_gate)
+            arch.add("--moe-shared-expert-gate")
     score = c.get("scoring_func") or ("sigmoid" if mt in SIGMOID_BIAS_TYPES else "softmax")
     bias = c.get("topk_method") == "noaux_tc" or mt in SIGMOID_BIAS_TYPES
     norm = c.get("norm_topk_prob", mt != "qwen3_moe")
@@ -207,11 +229,17 @@ def architecture(config: dict, settings: dict) -> tuple[Arch | None, str]:
             arch.add("--enable-experimental")
             arch.notes.append(f"--spec {' '.join(settings['dsa_spec'])}: the config has a DeepSeek sparse-attention "
                               "indexer, which Miles builds with its GLM-5 layer spec")
+        if mt in QWEN3_5_TYPES:
+            arch.add("--spec", *settings["qwen3_5_spec"])
+            arch.notes.append(f"--spec {' '.join(settings['qwen3_5_spec'])}: Miles' Qwen3.5 layer spec builds the "
+                              "Gated DeltaNet layers (layer_types, linear_* sizes) from the HF checkpoint's config")
         arch.add("--num-layers", c["num_hidden_layers"])
         arch.add("--hidden-size", c["hidden_size"])
-        arch.add("--ffn-hidden-size", c["intermediate_size"])
+        arch.add("--ffn-hidden-size", _ffn(c))
         mla = _attention(c, mt, arch)
         arch.add("--normalization", "RMSNorm")
+        if mt in QWEN3_5_TYPES:  # RMSNorm scales by (1 + weight): zero-centred gamma
+            arch.add("--apply-layernorm-1p")
         arch.add("--norm-epsilon", c.get("rms_norm_eps", 1e-6))
         if c.get("hidden_act", "silu") != "silu":
             raise ArchGap(f"hidden_act {c['hidden_act']!r}: the mapped MLPs are SwiGLU (silu)")
@@ -231,6 +259,10 @@ def architecture(config: dict, settings: dict) -> tuple[Arch | None, str]:
         return None, f"the {mt} config has {exc}"
     except KeyError as exc:
         return None, f"the {mt} config lacks {exc}"
+    if mt in QWEN3_5_TYPES and c.get("mtp_num_hidden_layers"):
+        arch.add("--mtp-num-layers", c["mtp_num_hidden_layers"])
+        arch.notes.append("--mtp-num-layers: Megatron builds the config's MTP layer(s) so the checkpoint's mtp.* "
+                          "tensors load, as Miles' Qwen3.5 scripts do; they train only with --enable-mtp-training")
     if c.get("num_nextn_predict_layers"):
         arch.notes.append(f"the config's {c['num_nextn_predict_layers']} MTP layer(s) are not trained: Miles adds "
                           "them with --mtp-num-layers (and --enable-mtp-training) in the job")

@@ -18,6 +18,7 @@ import pytest
 
 from pcc.lower.miles import tables
 from pcc.lower.miles_arch import architecture, layer_pattern, moe_layers
+from pcc.models.base import lm_config
 from pcc.models.builtin import load_catalog
 
 # Defaults of the flags compared (megatron-core 0.19.2 arguments.py; the three YaRN ones from
@@ -39,7 +40,8 @@ DEFAULTS = {
     "--moe-grouped-gemm": False, "--moe-permute-fusion": False, "--moe-router-dtype": None,
     "--moe-token-drop-policy": "probs", "--attention-softmax-in-fp32": False, "--spec": None,
     "--enable-experimental": False, "--make-vocab-size-divisible-by": 128, "--no-position-embedding": False,
-    "--max-position-embeddings": None,
+    "--max-position-embeddings": None, "--apply-layernorm-1p": False, "--attention-output-gate": False,
+    "--moe-shared-expert-gate": False, "--mtp-num-layers": None,
 }
 # Spellings Megatron treats as one setting.
 ALIASES = {"--use-rotary-position-embeddings": ("--position-embedding-type", "rope")}
@@ -61,6 +63,19 @@ QWEN3_30B_A3B = {  # scripts/models/qwen3-30B-A3B.py
     "--moe-router-topk": 8, "--moe-layer-freq": [1] * 48, "--num-experts": 128, "--moe-grouped-gemm": True,
     "--moe-token-drop-policy": "probs", "--moe-router-dtype": "fp32", "--moe-permute-fusion": True,
     "--moe-aux-loss-coeff": 0,
+}
+QWEN3_5_35B_A3B = {  # scripts/models/qwen3.5-35B-A3B.py (qwen3.6-35B-A3B.py: the same flags)
+    "--spec": ["miles_plugins.models.qwen3_5", "get_qwen3_5_spec"], "--disable-bias-linear": True,
+    "--qk-layernorm": True, "--group-query-attention": True, "--num-attention-heads": 16, "--num-query-groups": 2,
+    "--kv-channels": 256, "--num-layers": 40, "--hidden-size": 2048, "--ffn-hidden-size": 512,
+    "--normalization": "RMSNorm", "--apply-layernorm-1p": True, "--position-embedding-type": "rope",
+    "--norm-epsilon": 1e-6, "--rotary-percent": 0.25, "--swiglu": True, "--untie-embeddings-and-output-weights": True,
+    "--vocab-size": 248320, "--rotary-base": 10000000, "--moe-ffn-hidden-size": 512,
+    "--moe-shared-expert-intermediate-size": 512, "--moe-router-score-function": "softmax",
+    "--moe-token-dispatcher-type": "alltoall", "--moe-router-topk": 8, "--moe-layer-freq": [1] * 40,
+    "--num-experts": 256, "--moe-grouped-gemm": True, "--moe-token-drop-policy": "probs", "--moe-router-dtype": "fp32",
+    "--moe-permute-fusion": True, "--moe-aux-loss-coeff": 0, "--attention-output-gate": True,
+    "--moe-shared-expert-gate": True, "--mtp-num-layers": 1,
 }
 _DEEPSEEK_ROUTER = {  # the MoE block scripts/models/deepseek-v3.py and kimi-k2.py share
     "--moe-ffn-hidden-size": 2048, "--moe-router-topk": 8, "--moe-shared-expert-intermediate-size": 2048,
@@ -198,7 +213,7 @@ def _generated(name: str):
 
 @pytest.mark.parametrize("name, miles", [("qwen3_8b", QWEN3_8B), ("qwen3_30b_a3b", QWEN3_30B_A3B),
                                          ("deepseek_v3", DEEPSEEK_V3), ("kimi_k2", KIMI_K2), ("glm5", GLM5),
-                                         ("llama3_8b", LLAMA31_8B)])
+                                         ("llama3_8b", LLAMA31_8B), ("qwen3_5_35b_a3b", QWEN3_5_35B_A3B)])
 def test_field_by_field_against_miles_model_scripts(name, miles):
     ours = _norm(_parse(_generated(name).args + ["--moe-router-dtype", "fp32"] * ("--moe-router-dtype" in miles)))
     theirs = _norm({k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in miles.items()})
@@ -271,11 +286,11 @@ def _megatron_parses(args: list[str], arch: int = 9):
 
 
 @pytest.mark.parametrize("name", ["qwen3_8b", "qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "glm5", "llama3_8b",
-                                  "tiny_moe", "tiny_dense", "tiny_shared_moe"])
+                                  "tiny_moe", "tiny_dense", "tiny_shared_moe", "qwen3_5_35b_a3b"])
 def test_megatron_core_parses_the_architecture(name):
     arch = _generated(name)
     ns = _megatron_parses(arch.args)
-    c = load_catalog(name).config
+    c = lm_config(load_catalog(name).config)
     tc = ns.transformer_config
     assert tc.num_layers == c["num_hidden_layers"] and tc.hidden_size == c["hidden_size"]
     assert tc.num_attention_heads == c["num_attention_heads"]
@@ -295,6 +310,6 @@ def test_megatron_fork_flags_are_the_only_ones_megatron_core_lacks():
         warnings.simplefilter("ignore")
         parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
     known = {o for act in parser._actions for o in act.option_strings}
-    used = {a for name in ("deepseek_v3", "kimi_k2", "glm5", "llama3_8b", "qwen3_30b_a3b")
+    used = {a for name in ("deepseek_v3", "kimi_k2", "glm5", "llama3_8b", "qwen3_30b_a3b", "qwen3_5_35b_a3b")
             for a in _generated(name).args if a.startswith("--")}
     assert used - known == set(tables()["megatron_fork_flags"])
