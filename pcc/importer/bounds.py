@@ -83,10 +83,12 @@ def pattern(entry: str, key: str, file: str, compile_: Callable[[str], re.Patter
                            file=file) from None
 
 
-def count(key: str, file: str, patterns: int, targets: int) -> None:
-    """Refuse matching `patterns` against `targets` module names when the pairs pass MAX_MATCHES."""
-    if patterns * targets > MAX_MATCHES:
-        raise OverBound(f"{file}: {key}: {patterns} patterns x {targets} module names is {patterns * targets} "
+def count(key: str, file: str, patterns: int, targets: int, pairs: int | None = None) -> None:
+    """Refuse matching `patterns` against `targets` module names when the pairs matched (every pattern
+    against every name unless `pairs` says how many) pass MAX_MATCHES."""
+    pairs = patterns * targets if pairs is None else pairs
+    if pairs > MAX_MATCHES:
+        raise OverBound(f"{file}: {key}: {patterns} patterns matched against {targets} module names is {pairs} "
                         f"matches, over the {MAX_MATCHES} pcc makes for one list", path=key, file=file,
                         hint="list module names (looked up, not matched) instead of patterns")
 

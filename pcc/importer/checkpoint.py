@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from contextlib import nullcontext
 from functools import cached_property
 from itertools import accumulate
@@ -24,7 +24,7 @@ from pcc.importer.matching import (_MLA_FUSED_PARTS, FusedDisagreement, SglangMo
                                    module_name, normalized_fp8_ignores, sglang_module, sglang_skipped)
 from pcc.importer.rules import component_rules, scheme_name
 from pcc.models import Catalog
-from pcc.models.base import inside
+from pcc.models.base import inside, lm_config
 from pcc.plan.patterns import LINEAR
 
 # Families SGLang's fp8/modelopt/mxfp4 loaders can quantize (LinearBase and FusedMoE modules;
@@ -188,7 +188,7 @@ def _fp8(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget) -
         imp.warn("PCC806", "both ignored_layers and modules_to_not_convert: SGLang reads ignored_layers only",
                  "modules_to_not_convert")
     d = Decided()
-    _unmatched_sglang(imp, _Paths(catalog), catalog.name, entries, key)
+    _unmatched_sglang(imp, _Paths(catalog), catalog, entries, key)
     listed = _Listed(normalized_fp8_ignores(entries))
     for prefix, (module, idx) in _sglang_modules(catalog, _SGLANG_LINEAR).items():
         try:
@@ -219,7 +219,7 @@ def _mxfp4(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budget)
         imp.warn("PCC806", "modules_to_not_convert: SGLang's mxfp4 method ignores it (it quantizes every routed "
                  "expert and nothing else); the imported rules say what SGLang runs", "modules_to_not_convert")
     paths = _Paths(catalog)
-    _globs(entries, key, file, len(paths.ancestors))
+    _globs(entries, key, file, paths, parts=False)
     moe = sorted({sglang_module(op).prefix for op in catalog.operators if op.family.startswith("experts.")})
     for k, e in enumerate(entries):
         with _timed(budget, f"{key}[{k}]", e):
@@ -274,8 +274,8 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budg
                            file=file)
     d = Decided()
     paths = _Paths(catalog)
-    _globs(entries, where + key, file, len(paths.ancestors) + len(paths.parts))
-    _unmatched_sglang(imp, paths, catalog.name, entries, where + key, budget, modelopt=True)
+    _globs(entries, where + key, file, paths, parts=True)
+    _unmatched_sglang(imp, paths, catalog, entries, where + key, budget, modelopt=True)
     listed = _Listed(modelopt_exclusions(entries))
     for prefix, (module, idx) in _sglang_modules(catalog, _SGLANG_LINEAR | {"lm_head"}).items():
         try:
@@ -569,6 +569,16 @@ class _Paths:
             bits = p.split(".")
             self.parts.update(bits)
             self.ancestors.update(".".join(bits[:k]) for k in range(1, len(bits) + 1))
+        self.sorted = sorted(self.ancestors)
+
+    def candidates(self, entry: str) -> list[str]:
+        """The ancestors a pattern can fullmatch: those starting with its literal head (a published list
+        names layers one by one, `model.layers.7.self_attn*`, so each pattern meets a few hundred of a
+        large MoE's hundred thousand module paths, not all of them)."""
+        head = _literal_head(entry)
+        lo = bisect_left(self.sorted, head)
+        hi = bisect_left(self.sorted, head + "\U0010ffff") if head else len(self.sorted)
+        return self.sorted[lo:hi]
 
     @cached_property
     def runs(self) -> set[str]:
@@ -592,16 +602,29 @@ class _Paths:
         if _LITERAL.fullmatch(entry):
             return entry in self.ancestors or (parts and entry in self.parts)
         rx = _modelopt_regex(entry)
-        return any(rx.fullmatch(a) for a in self.ancestors) or (parts and any(rx.fullmatch(x) for x in self.parts))
+        return (any(rx.fullmatch(a) for a in self.candidates(entry))
+                or (parts and any(rx.fullmatch(x) for x in self.parts)))
 
 
-def _globs(entries: list[str], key: str, file: str, targets: int) -> None:
-    """Every entry SGLang compiles as a regex (all but the literal ones) compiles, and there are few
-    enough of them to match against `targets` module names (bounds.py)."""
+def _literal_head(entry: str) -> str:
+    """What every name a ModelOpt pattern (`*` is `.*`, the rest a regex) fullmatches starts with: its
+    leading plain characters, less the last when a quantifier follows it; none where an alternation could
+    start the match elsewhere."""
+    if "|" in entry:
+        return ""
+    head = re.match(r"[A-Za-z0-9_.\-]*", entry).group()
+    return head[:-1] if head and entry[len(head):len(head) + 1] in ("?", "+", "{") else head
+
+
+def _globs(entries: list[str], key: str, file: str, paths: _Paths, parts: bool) -> None:
+    """Every entry SGLang compiles as a regex (all but the literal ones) compiles, and the names they are
+    matched against (each pattern's candidates, and with `parts` every dotted part) are few enough
+    (bounds.py)."""
     globs = [(k, e) for k, e in enumerate(entries) if not _LITERAL.fullmatch(e)]
     for k, e in globs:
         pattern(e, f"{key}[{k}]", file, _modelopt_regex, e)
-    count(key, file, len(globs), targets)
+    count(key, file, len(globs), len(paths.ancestors) + parts * len(paths.parts),
+          sum(len(paths.candidates(e)) + parts * len(paths.parts) for _, e in globs))
 
 
 def _timed(budget: Budget | None, at: str, entry: str):
@@ -618,19 +641,35 @@ def _glob_prefix(entry: str, path: str) -> bool:
     return any(rx.fullmatch(".".join(bits[:k])) for k in range(1, len(bits) + 1))
 
 
-def _unmatched_sglang(imp: Imported, paths: _Paths, model: str, entries: list[str], key: str,
+def _unmatched_sglang(imp: Imported, paths: _Paths, catalog: Catalog, entries: list[str], key: str,
                       budget: Budget | None = None, modelopt: bool = False) -> None:
-    """PCC802 for each entry that matches no module; entry by entry, so that a pattern that never ends
-    is named by the budget (ModelOpt's entries are regexes)."""
+    """PCC802 for each entry that matches no module, but one naming what the config says the checkpoint has and
+    catalogs leave out (the vision tower, the MTP layer): pcc carries those tensors as stored, so they stay
+    unquantized, as the entry asks. Entry by entry, so that a pattern that never ends is named by the budget
+    (ModelOpt's entries are regexes)."""
     for k, e in enumerate(entries):
         forms = modelopt_exclusions([e]) if modelopt else [e]
         with _timed(budget if modelopt else None, f"{key}[{k}]", e):
             hit = any(paths.path_match(f.removeprefix("model.")) or paths.path_match(f) or (
                 modelopt and paths.glob_match(f, parts=True)) for f in forms)
-        if not hit:
-            imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {model}", f"{key}[{k}]",
+        if not hit and not _uncataloged(e, catalog.config):
+            imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {catalog.name}", f"{key}[{k}]",
                      hint="SGLang matches whole dotted names (or, for ModelOpt, '*' globs over the whole name or "
                           "one dotted part); the entry excludes nothing")
+
+
+_UNCATALOGED = re.compile(r"(?:model\.)?(?P<vision>visual|vision_tower|vision_model)(?:[.*]|$)|(?P<mtp>mtp)(?:[.*]|$)")
+
+
+def _uncataloged(entry: str, config: dict) -> bool:
+    """The entry names the vision tower of a config with a vision_config, or the MTP layer(s) of a config with
+    mtp_num_hidden_layers: parts of the checkpoint no catalog lists (pcc/models/builtin.py)."""
+    m = _UNCATALOGED.match(entry)
+    if m is None:
+        return False
+    if m.group("vision"):
+        return isinstance(config.get("vision_config"), dict)
+    return bool(lm_config(config).get("mtp_num_hidden_layers"))
 
 
 def _expert_entries(imp: Imported, catalog: Catalog, ignored: _Listed, entries: _Listed, key: str) -> None:

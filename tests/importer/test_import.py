@@ -574,35 +574,61 @@ def test_minimax_m2_5_fp8_imports_and_compiles_back(tmp_path):
         "attn.q", "attn.kv", "attn.o", "experts.gate_up", "experts.down"}
 
 
-def test_minimax_m2_5_nvfp4_imports_and_compiles_back(tmp_path):
-    """NVIDIA's NVFP4 MiniMax-M2.5: routed experts NVFP4, attention, routers and lm_head excluded, FP8 KV cache;
-    the compiled config has the published quant_algo, group size and KV algorithm, and SGLang's own
-    is_layer_excluded excludes the same Linear and MoE modules under pcc's list as under the published one (both the
-    flat config.json `ignore` and hf_quant_config.json's `exclude_modules`)."""
+def _sglang_packed(model_file: str, cls: str) -> dict:
+    """`packed_modules_mapping` of an SGLang model class, read from its installed source (the models import GPU
+    kernels at import time)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    tree = ast.parse((Path(spec.submodule_search_locations[0]) / "srt" / "models" / model_file).read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    return ast.literal_eval(next(n.value for n in body if isinstance(n, ast.Assign)
+                                 and any(getattr(t, "id", None) == "packed_modules_mapping" for t in n.targets)))
+
+
+@pytest.mark.parametrize("stem", ["nvidia--MiniMax-M2.5-NVFP4", "nvidia--Qwen3.5-122B-A10B-NVFP4",
+                                  "nvidia--Qwen3.5-397B-A17B-NVFP4"])
+def test_nvidia_nvfp4_exports_import_and_compile_back(tmp_path, stem):
+    """NVIDIA's NVFP4 MiniMax-M2.5 and Qwen3.5-122B-A10B / 397B-A17B: routed experts NVFP4; attention (and Qwen3.5's
+    linear attention and shared experts), routers and lm_head excluded; FP8 KV cache. The import warns of nothing
+    but the hardware (Qwen3.5's `model.visual*` and `mtp*` entries name the vision tower and MTP layer the catalog
+    leaves out, kept as stored); the compiled config has the published quant_algo, group size and KV algorithm, and
+    SGLang's own is_layer_excluded excludes the same Linear and MoE modules under pcc's list as under the published
+    one (both the flat config.json `ignore` and hf_quant_config.json's `exclude_modules`)."""
     is_layer_skipped, is_layer_excluded = _sglang_functions()
-    d = _published_dir(tmp_path, "nvidia--MiniMax-M2.5-NVFP4")
+    d = _published_dir(tmp_path, stem)
     nested = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
     flat = json.loads((d / "config.json").read_text())["quantization_config"]
     imp = import_source("checkpoint", str(d))
     assert "experts : nvfp4" in imp.text() and "kv_cache : fp8_e4m3" in imp.text()
+    assert {x.code for x in imp.diagnostics} == {"PCC808"}, [(x.code, x.path) for x in imp.diagnostics]
     plan = _compile(imp, tmp_path).plan
     back = quantization_config(plan)
     assert (back["quant_algo"], back["group_size"], back["kv_cache_quant_algo"]) == (
         nested["quant_algo"], nested["group_size"], nested["kv_cache_quant_algo"])
     # SGLang's ModelOptFp4Config.get_quant_method: a Linear (or LM head) is excluded by is_layer_skipped (fused
     # qkv_proj decided by its q/k/v shards) or is_layer_excluded; a FusedMoE by is_layer_excluded only.
-    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-    linear = {sglang_module(op).prefix for op in plan.catalog.operators
-              if op.family.startswith(("attn.", "router")) or op.family == "lm_head"}
-    moe = {sglang_module(op).prefix for op in plan.catalog.operators if op.family.startswith("experts.")}
+    packed = _sglang_packed("qwen3_5.py", "Qwen3_5ForCausalLM")  # + Gated DeltaNet's in_proj_qkvz, in_proj_ba
+    assert packed["qkv_proj"] == ["q_proj", "k_proj", "v_proj"] and packed["gate_up_proj"] == ["gate_proj", "up_proj"]
+    # Routers are compared through the plan: SGLang builds them without a quant_config (MiniMax-M2.5's list names
+    # them, Qwen3.5's does not; pcc's names them), so no list decides them.
+    ops = plan.catalog.operators
+    linear = {sglang_module(op).prefix for op in ops
+              if op.family.startswith(("attn.", "shared_experts.")) or op.family == "lm_head"
+              or sglang_module(op).prefix.endswith(".in_proj_ba")}
+    moe = {sglang_module(op).prefix for op in ops if op.family.startswith("experts.")}
     assert linear and moe
+    assert all(plan.scheme("rollout", i).wide for i, op in enumerate(ops) if op.family == "router")
 
     def excluded(entries):
         return ({p for p in linear if is_layer_skipped(p, entries, packed) or is_layer_excluded(p, entries)}
                 | {p for p in moe if is_layer_excluded(p, entries)})
 
     assert excluded(back["exclude_modules"]) == excluded(nested["exclude_modules"]) == excluded(flat["ignore"])
-    assert excluded(back["exclude_modules"]) == linear  # attention, routers and lm_head BF16; every expert NVFP4
+    assert excluded(back["exclude_modules"]) == linear  # all but the routed experts BF16; every expert NVFP4
 
 
 def test_qwen3_6_nvfp4_mixed_precision_is_refused_naming_the_mix(tmp_path):
