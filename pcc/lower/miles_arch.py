@@ -9,8 +9,8 @@ published models pcc catalogs, and parses them with megatron-core's parser.
 
 Mapped families (model_type): Llama/Mistral and Qwen2/Qwen3 dense (GQA), Qwen3-MoE,
 GLM-4.5 MoE (glm4_moe), DeepSeek-V3 and Kimi-K2 (MLA + MoE), GLM-5 (MLA + MoE + DeepSeek
-sparse attention, through the layer spec Miles ships), Qwen3.5/3.6 MoE (gated full attention and
-Gated DeltaNet linear attention, through Miles' Qwen3.5 layer spec). What a config says that these flags
+sparse attention, through the layer spec Miles ships), Qwen3.5/3.6 MoE and dense (gated full attention
+and Gated DeltaNet linear attention, through Miles' Qwen3.5 layer spec). What a config says that these flags
 cannot carry is a gap: `architecture` returns no flags and says why, and the launch takes the
 architecture from the job file instead.
 """
@@ -26,11 +26,12 @@ from pcc.lang.diagnostics import PccError
 from pcc.models.base import lm_config
 from pcc.resources import data_dir
 
-DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_5_text"})
 # Qwen3.5/3.6 MoE (the language model a multimodal config nests under text_config): Miles builds its
 # linear-attention layers with its own spec, which reads their sizes from the HF checkpoint's config.
-QWEN3_5_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text"})
-MOE_TYPES = frozenset({"qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2", "glm_moe_dsa"}) | QWEN3_5_TYPES
+QWEN3_5_MOE_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text"})
+QWEN3_5_TYPES = QWEN3_5_MOE_TYPES | {"qwen3_5", "qwen3_5_text"}  # and the dense form (Qwen3.5-27B)
+MOE_TYPES = frozenset({"qwen3_moe", "glm4_moe", "deepseek_v3", "kimi_k2", "glm_moe_dsa"}) | QWEN3_5_MOE_TYPES
 QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"}) | QWEN3_5_TYPES  # per-head q/k RMSNorm (glm4_moe: use_qk_norm)
 QKV_BIAS_TYPES = frozenset({"qwen2"})  # q/k/v biases whatever attention_bias says
 # Routers that score with a sigmoid and route with a learned per-expert bias
@@ -259,10 +260,11 @@ def architecture(config: dict, settings: dict) -> tuple[Arch | None, str]:
         return None, f"the {mt} config has {exc}"
     except KeyError as exc:
         return None, f"the {mt} config lacks {exc}"
-    if mt in QWEN3_5_TYPES and c.get("mtp_num_hidden_layers"):
+    if mt in QWEN3_5_MOE_TYPES and c.get("mtp_num_hidden_layers"):
         arch.add("--mtp-num-layers", c["mtp_num_hidden_layers"])
         arch.notes.append("--mtp-num-layers: Megatron builds the config's MTP layer(s) so the checkpoint's mtp.* "
-                          "tensors load, as Miles' Qwen3.5 scripts do; they train only with --enable-mtp-training")
+                          "tensors load, as Miles' Qwen3.5 MoE scripts do (its 27B dense script leaves them out); "
+                          "they train only with --enable-mtp-training")
     if c.get("num_nextn_predict_layers"):
         arch.notes.append(f"the config's {c['num_nextn_predict_layers']} MTP layer(s) are not trained: Miles adds "
                           "them with --mtp-num-layers (and --enable-mtp-training) in the job")

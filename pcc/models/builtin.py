@@ -14,15 +14,17 @@ from pcc.models.catalog import Catalog, assemble
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 
 # Model types whose attention normalizes q and k (per head: Qwen3 family; over all heads: MiniMax-M2).
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m2"})
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text",
+                            "minimax_m2"})
 # Multimodal wrappers whose checkpoint holds the language model under another prefix than `model.` (the
 # wrapper's model_type, with the config's `text_config`): Qwen3.5/3.6 MoE (Qwen3_5MoeForConditionalGeneration)
-# writes `model.language_model.layers.N...`, `model.language_model.embed_tokens`, `model.language_model.norm`
+# and dense (Qwen3_5ForConditionalGeneration) write `model.language_model.layers.N...`, `model.language_model.embed_tokens`, `model.language_model.norm`
 # and `lm_head` at the top. Its vision tower (`model.visual.*`) and MTP layer (`mtp.*`) are not derived.
-_LM_PREFIXES = {"qwen3_5_moe": "model.language_model."}
+_LM_PREFIXES = {"qwen3_5_moe": "model.language_model.", "qwen3_5": "model.language_model."}
 # Hybrid models whose `layer_types` (or, without it, every `full_attention_interval`-th layer full attention)
-# says which layers are Gated DeltaNet linear attention (transformers' Qwen3_5MoeTextConfig.__post_init__).
-_HYBRID_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text"})
+# says which layers are Gated DeltaNet linear attention (transformers' Qwen3_5MoeTextConfig and
+# Qwen3_5TextConfig __post_init__).
+_HYBRID_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text"})
 _LINEAR_ATTENTION = ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
                      "linear_attn.in_proj_a", "linear_attn.conv1d", "linear_attn.norm", "linear_attn.out_proj")
 _LINEAR_EXTRAS = ("linear_attn.A_log", "linear_attn.dt_bias")

@@ -16,17 +16,18 @@ from pcc.models.base import lm_config
 # DeepSeek's MoE names and layer rule (first_k_dense_replace, moe_layer_freq), shared experts fused.
 # "qwen3_5_moe_text" is Qwen3.5/3.6 MoE's language model (`text_config` of a `qwen3_5_moe` config, or a text-only
 # Qwen3_5MoeForCausalLM): Gated DeltaNet linear-attention layers (`linear_attn.*`) and gated full attention
-# (q_proj twice as wide: query and output gate) by `layer_types`. "minimax_m2": MiniMax-M2/M2.5, Mixtral's
+# (q_proj twice as wide: query and output gate) by `layer_types`; "qwen3_5_text" is the dense form (Qwen3.5-27B,
+# transformers' modeling_qwen3_5.py: the same layers with a dense MLP). "minimax_m2": MiniMax-M2/M2.5, Mixtral's
 # names, per-layer q/k norms over all heads. Formulas from transformers' modeling_qwen3_5_moe.py and
 # modeling_minimax_m2.py.
 KNOWN_MODEL_TYPES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe",
     "deepseek", "deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm_moe_dsa", "gpt_oss",
-    "qwen3_5_moe", "qwen3_5_moe_text", "minimax_m2",
+    "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text", "minimax_m2",
 })
 # Model types whose full-attention q_proj also produces a per-head output gate (q_proj rows 2 x heads x head_dim,
 # transformers' Qwen3_5MoeAttention; SGLang and vLLM read `attn_output_gate`, default true).
-GATED_Q_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"})
+GATED_Q_TYPES = frozenset({"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_text", "qwen3_next"})
 # Model types whose q_norm / k_norm normalize all heads at once (MiniMax-M2's qk_norm_type "per_layer"):
 # weights [heads x head_dim] and [kv_heads x head_dim], not [head_dim].
 _LAYER_QK_NORM_TYPES = frozenset({"minimax_m2"})

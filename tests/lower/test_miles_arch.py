@@ -77,6 +77,14 @@ QWEN3_5_35B_A3B = {  # scripts/models/qwen3.5-35B-A3B.py (qwen3.6-35B-A3B.py: th
     "--moe-permute-fusion": True, "--moe-aux-loss-coeff": 0, "--attention-output-gate": True,
     "--moe-shared-expert-gate": True, "--mtp-num-layers": 1,
 }
+QWEN3_5_27B = {  # scripts/models/qwen3.5-27B.py
+    "--spec": ["miles_plugins.models.qwen3_5", "get_qwen3_5_spec"], "--disable-bias-linear": True,
+    "--qk-layernorm": True, "--group-query-attention": True, "--num-attention-heads": 24, "--num-query-groups": 4,
+    "--kv-channels": 256, "--num-layers": 64, "--hidden-size": 5120, "--ffn-hidden-size": 17408,
+    "--normalization": "RMSNorm", "--apply-layernorm-1p": True, "--position-embedding-type": "rope",
+    "--norm-epsilon": 1e-6, "--rotary-percent": 0.25, "--swiglu": True, "--untie-embeddings-and-output-weights": True,
+    "--vocab-size": 248320, "--rotary-base": 10000000, "--attention-output-gate": True,
+}
 _DEEPSEEK_ROUTER = {  # the MoE block scripts/models/deepseek-v3.py and kimi-k2.py share
     "--moe-ffn-hidden-size": 2048, "--moe-router-topk": 8, "--moe-shared-expert-intermediate-size": 2048,
     "--moe-router-pre-softmax": True, "--moe-router-score-function": "sigmoid",
@@ -213,7 +221,8 @@ def _generated(name: str):
 
 @pytest.mark.parametrize("name, miles", [("qwen3_8b", QWEN3_8B), ("qwen3_30b_a3b", QWEN3_30B_A3B),
                                          ("deepseek_v3", DEEPSEEK_V3), ("kimi_k2", KIMI_K2), ("glm5", GLM5),
-                                         ("llama3_8b", LLAMA31_8B), ("qwen3_5_35b_a3b", QWEN3_5_35B_A3B)])
+                                         ("llama3_8b", LLAMA31_8B), ("qwen3_5_35b_a3b", QWEN3_5_35B_A3B),
+                                         ("qwen3_5_27b", QWEN3_5_27B)])
 def test_field_by_field_against_miles_model_scripts(name, miles):
     ours = _norm(_parse(_generated(name).args + ["--moe-router-dtype", "fp32"] * ("--moe-router-dtype" in miles)))
     theirs = _norm({k: (float(v) if isinstance(v, int) and not isinstance(v, bool) else v) for k, v in miles.items()})
@@ -286,7 +295,8 @@ def _megatron_parses(args: list[str], arch: int = 9):
 
 
 @pytest.mark.parametrize("name", ["qwen3_8b", "qwen3_30b_a3b", "deepseek_v3", "kimi_k2", "glm5", "llama3_8b",
-                                  "tiny_moe", "tiny_dense", "tiny_shared_moe", "qwen3_5_35b_a3b"])
+                                  "tiny_moe", "tiny_dense", "tiny_shared_moe", "qwen3_5_35b_a3b",
+                                  "qwen3_5_27b"])
 def test_megatron_core_parses_the_architecture(name):
     arch = _generated(name)
     ns = _megatron_parses(arch.args)

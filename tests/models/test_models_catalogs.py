@@ -12,8 +12,8 @@ from pcc.models.builtin import _CONFIGS, catalog_from_config
 
 NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_2_1b", "llama3_8b", "minimax_m2", "moonlight_16b_a3b",
          "qwen2_5_0_5b", "qwen2_5_14b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_3b", "qwen2_5_72b", "qwen2_5_7b",
-         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_35b_a3b",
-         "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
+         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_27b",
+         "qwen3_5_35b_a3b", "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -168,6 +168,23 @@ def test_qwen3_5_moe_counts():
     assert ops[layer3 + "mlp.shared_expert_gate.weight"].shape == (1, 2048)
 
 
+def test_qwen3_5_dense_counts():
+    """Qwen3.5-27B: 64 layers, every fourth (3, 7, ..., 63) full attention with an output gate, the other 48 Gated
+    DeltaNet (as the MoE model's), every layer a dense SwiGLU MLP 17408 wide, under model.language_model."""
+    catalog = load_catalog("qwen3_5_27b")
+    full, linear, layers = 16, 48, 64
+    assert counts(catalog) == {
+        "embed": 1, "attn.q": full, "attn.kv": 2 * full, "attn.o": full, "attn.linear": 3 * linear,
+        "mlp.gate_up": 2 * layers, "mlp.down": layers, "other": 3 * linear,
+        "norm": 2 * layers + 2 * full + linear + 1, "lm_head": 1, "kv_cache": full}
+    assert catalog.architecture == "dense" and catalog.num_layers == layers
+    ops = {op.tensor: op for op in catalog.operators}
+    layer0, layer3 = "model.language_model.layers.0.", "model.language_model.layers.3."
+    assert ops[layer0 + "linear_attn.in_proj_qkv.weight"].shape == (2 * 16 * 128 + 48 * 128, 5120)
+    assert ops[layer3 + "self_attn.q_proj.weight"].shape == (2 * 24 * 256, 5120)  # query and output gate
+    assert ops[layer3 + "mlp.down_proj.weight"].shape == (5120, 17408)
+
+
 def test_minimax_m2_counts():
     """MiniMax-M2.5: 62 layers, all MoE with Mixtral's names (block_sparse_moe.gate, experts.J.w1/w3/w2), the
     router's correction bias on the MoE block, q/k norms over all heads."""
@@ -312,12 +329,14 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
 # 32.56B; the card rounds down); Qwen/Qwen3-0.6B README.md 0.6B (596,049,920, tied); Qwen/Qwen3-1.7B README.md 1.7B
 # (1,720,574,976, tied); Qwen/Qwen3-235B-A22B README.md 235B total (235,093,634,560); moonshotai/Moonlight-16B-A3B
 # README.md 16B total, 3B activated (15,960,108,544); Qwen/Qwen2.5-14B README.md 14.7B (14,769,689,600);
-# Qwen/Qwen2.5-72B README.md 72.7B (72,705,384,448).
+# Qwen/Qwen2.5-72B README.md 72.7B (72,705,384,448). Qwen3.5-27B: 27B as the Qwen3.6-27B card (same sizes) states
+# it (quoted by 67ailab.com's Qwen3.6-27B deep dive; the catalog, the language model without vision tower and MTP
+# layer, is 26.9B).
 PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
                     "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9, "llama3_2_1b": 1.23e9,
                     "qwen2_5_1_5b": 1.54e9, "qwen2_5_32b": 32.5e9, "qwen3_0_6b": 0.6e9, "qwen3_1_7b": 1.7e9,
                     "qwen3_235b_a22b": 235e9, "moonlight_16b_a3b": 16e9,
-                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9}
+                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9, "qwen3_5_27b": 27e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))

@@ -7,7 +7,7 @@ index, config + shards. All three give the same operators (names, families, shap
 contract checks and compiles on it. Sources: pcc/models/configs (meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-8B,
 Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, moonshotai/Moonlight-16B-A3B,
 Qwen/Qwen3.5-35B-A3B,
-MiniMaxAI/MiniMax-M2.5); GLM-4.5: zai-org/GLM-4.5 as vLLM's tests/config/base_model_arch_groundtruth.json records it
+Qwen/Qwen3.5-27B, MiniMaxAI/MiniMax-M2.5); GLM-4.5: zai-org/GLM-4.5 as vLLM's tests/config/base_model_arch_groundtruth.json records it
 (hidden 5120, 92 layers, 96 heads, 8 KV heads, head_dim 128, 160 experts, vocab 151552) with attention_bias, 1 shared
 expert, 3 dense layers and moe_intermediate_size 1536. Qwen2-MoE: Qwen/Qwen1.5-MoE-A2.7B as transformers'
 Qwen2MoeConfig defaults record it (its docstring checkpoint: 60 experts, top-4, moe_intermediate_size 1408, one gated
@@ -17,7 +17,8 @@ Qwen3.5-MoE is built twice: as published (Qwen3_5MoeForConditionalGeneration, mo
 model under text_config and `model.language_model.`, a vision tower under `model.visual.`) and in its text form
 (Qwen3_5MoeForCausalLM, qwen3_5_moe_text, `model.`). pcc derives the language model from the config; the vision tower
 it reads from the index and shards only, so the config-only catalog of the multimodal model is the others' without
-`model.visual.*`. Its Gated DeltaNet layers' in_proj_b, in_proj_a and conv1d are `other` (the engines keep them wide:
+`model.visual.*`. The dense Qwen3.5 (Qwen3.5-27B, Qwen3_5ForConditionalGeneration / qwen3_5_text) is built the same
+two ways. Its Gated DeltaNet layers' in_proj_b, in_proj_a and conv1d are `other` (the engines keep them wide:
 targets/sglang.yaml `gated_deltanet`).
 """
 
@@ -56,6 +57,7 @@ MLA = {"q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_h
 QWEN35 = dict(MOE, num_experts=4, shared_expert_intermediate_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
               linear_key_head_dim=16, linear_value_head_dim=16, num_hidden_layers=4,
               layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+QWEN35_DENSE = {k: v for k, v in QWEN35.items() if k not in MOE and k not in ("num_experts", "shared_expert_intermediate_size")}
 QWEN35_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 128,
                  "patch_size": 4, "num_position_embeddings": 16}
 # model: (config, transformers config class, shrink, rule[, transformers auto class]); a config with text_config is
@@ -75,6 +77,8 @@ MODELS = {
                   "linear : fp8_block"),
     "Qwen3.5-MoE": ("qwen3_5_35b_a3b", "Qwen3_5MoeConfig", QWEN35, "linear : fp8_block", "AutoModelForImageTextToText"),
     "Qwen3.5-MoE-text": ("qwen3_5_35b_a3b:text", "Qwen3_5MoeTextConfig", QWEN35, "attn.linear : fp8_block"),
+    "Qwen3.5": ("qwen3_5_27b", "Qwen3_5Config", QWEN35_DENSE, "linear : fp8_block", "AutoModelForImageTextToText"),
+    "Qwen3.5-text": ("qwen3_5_27b:text", "Qwen3_5TextConfig", QWEN35_DENSE, "linear : fp8_block"),
     "MiniMax-M2": ("minimax_m2", "MiniMaxM2Config", dict(MOE, num_local_experts=4, intermediate_size=64),
                    "linear : fp8_block"),
 }
