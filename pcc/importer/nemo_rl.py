@@ -283,6 +283,9 @@ def _rollout(imp: Imported, r: _Recipe, catalog) -> None:
     par = {k: _int(imp, r, f"{VLLM}.{key}") for k, key in (("tp", "tensor_parallel_size"),
                                                             ("pp", "pipeline_parallel_size"),
                                                             ("ep", "expert_parallel_size"))}
+    if par["ep"] > par["tp"] and par["ep"] % par["tp"] == 0:
+        # NeMo RL runs vLLM's own data parallelism for experts: vllm_dp_size = ep / tp (vllm_generation.py)
+        par["dp"] = par["ep"] // par["tp"]
     par = {k: n for k, n in par.items() if n != 1}
     if par:
         block["parallel"] = par

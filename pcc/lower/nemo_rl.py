@@ -137,10 +137,15 @@ def _generation(plan: Plan, keys: _Keys, notes: list[str]) -> None:
         unsupported("PCC633", f"pcc lowers NeMo RL's vLLM generation only; the contract's rollout is "
                     f"{c.rollout.engine}", "rollout.engine", hint="write 'rollout vllm'")
     roll = lower(plan, "vllm")  # vLLM's own refusals (KV cache dtype, ep, LoRA) come first
+    if par.dp > 1 and par.ep != par.tp * par.dp:
+        unsupported("PCC633", "NeMo RL runs data parallelism inside vLLM only for expert parallelism (vllm_dp_size "
+                    "= expert_parallel_size / tensor_parallel_size, nemo_rl/models/generation/vllm/vllm_generation.py; "
+                    f"more engines come from the cluster); the contract's rollout dp {par.dp} without ep "
+                    f"{par.tp * par.dp} has no key", "rollout.parallel.dp",
+                    hint=f"drop 'dp' from rollout parallel, or write 'ep {par.tp * par.dp}'")
     if par.dp > 1:
-        unsupported("PCC633", "NeMo RL sizes vLLM's data parallelism from the cluster (generation GPUs / model "
-                    f"parallel size); the contract's rollout dp {par.dp} has no key", "rollout.parallel.dp",
-                    hint="drop 'dp' from rollout parallel")
+        notes.append(f"rollout dp {par.dp}: NeMo RL derives vLLM's data-parallel size from "
+                     f"expert_parallel_size / tensor_parallel_size = {par.ep} / {par.tp}")
     keys.set(f"{VLLM}.tensor_parallel_size", par.tp, "rollout.parallel.tp")
     keys.set(f"{VLLM}.pipeline_parallel_size", par.pp, "rollout.parallel.pp")
     keys.set(f"{VLLM}.expert_parallel_size", par.ep, "rollout.parallel.ep")

@@ -44,7 +44,13 @@ MODELS = {cat: re.compile(name) for cat, name in {
     "llama3_2_1b": r"Llama-3\.2-1B(-Instruct)?", "qwen3_0_6b": r"Qwen3-0\.6B(-Base)?", "qwen3_1_7b": r"Qwen3-1\.7B(-Base)?",
     "qwen3_235b_a22b": r"Qwen3-235B-A22B", "qwen2_5_1_5b": r"Qwen2\.5-1\.5B(-Instruct)?",
     "qwen2_5_32b": r"Qwen2\.5-32B(-Instruct)?", "moonlight_16b_a3b": r"Moonlight-16B-A3B(-Instruct)?",
-    "qwen2_5_14b": r"Qwen2\.5-14B(-Instruct)?", "qwen2_5_72b": r"Qwen2\.5-72B(-Instruct)?"}.items()}
+    "qwen2_5_14b": r"Qwen2\.5-14B(-Instruct)?", "qwen2_5_72b": r"Qwen2\.5-72B(-Instruct)?",
+    "qwen3_5_27b": r"Qwen3\.5-27B(-Base)?", "qwen3_5_122b_a10b": r"Qwen3\.5-122B-A10B(-Base)?",
+    "qwen3_5_397b_a17b": r"Qwen3\.5-397B-A17B(-Base)?", "gpt_oss_20b": r"gpt-oss-20b",
+    # MiniMax-M2.7 and GLM-5.1 have their predecessors' architecture fields (aiconfigurator's configs at 095f58a:
+    # MiniMax-M2.7 differs from M2.5 in max_position_embeddings only, GLM-5.1 from GLM-5 in fields no tensor
+    # shape reads).
+    "minimax_m2": r"MiniMax-M2(\.1|\.5|\.7)?", "glm5": r"GLM-5(\.1)?"}.items()}
 # NeMo RL's DeepSeek-V3 recipes name no checkpoint: their model_name points to this guide, which casts
 # deepseek-ai/DeepSeek-V3 to a BF16 checkpoint (same config.json, quantization_config removed).
 GUIDE = "docs/guides/deepseek.md"

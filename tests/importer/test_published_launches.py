@@ -37,7 +37,9 @@ MODELS = {cat: name + _VARIANT for cat, name in {
     "deepseek_v3": r"DeepSeek-V3", "kimi_k2": r"Kimi-K2", "glm5": r"GLM-5", "qwen3_0_6b": r"Qwen3-0\.6B",
     "qwen3_1_7b": r"Qwen3-1\.7B", "qwen3_235b_a22b": r"Qwen3-235B-A22B", "qwen2_5_1_5b": r"Qwen2\.5-1\.5B",
     "qwen2_5_32b": r"Qwen2\.5-32B", "llama3_2_1b": r"Llama-3\.2-1B", "moonlight_16b_a3b": r"Moonlight-16B-A3B",
-    "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B", "qwen2_5_14b": r"Qwen2\.5-14B", "qwen2_5_72b": r"Qwen2\.5-72B"}.items()}
+    "qwen3_5_35b_a3b": r"Qwen3\.5-35B-A3B", "qwen2_5_14b": r"Qwen2\.5-14B", "qwen2_5_72b": r"Qwen2\.5-72B",
+    "qwen3_5_27b": r"Qwen3\.5-27B", "qwen3_5_122b_a10b": r"Qwen3\.5-122B-A10B", "qwen3_5_397b_a17b": r"Qwen3\.5-397B-A17B",
+    "gpt_oss_20b": r"gpt-oss-20[bB]", "minimax_m2": r"MiniMax-M2(\.1|\.5|\.7)?"}.items()}
 
 # Miles/Megatron/SGLang flags that decide numerics, placement of precision, or what sync and the
 # correction do: compared between the script and the regenerated launch.

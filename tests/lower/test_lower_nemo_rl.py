@@ -44,6 +44,7 @@ VARIANTS = {
     "dtensor_lora": _text("    parallel tp 2", trainer="fsdp",
                           extra="  trainable lora rank 8 alpha 16 targets attn.q, attn.kv\n  sync adapter\n"),
     "fp8_kv": _text(FP8 + "    kv_cache : fp8_e4m3\n    parallel tp 4 ep 4"),
+    "vllm_dp": _text("    parallel tp 2 dp 4 ep 8"),
 }
 
 
@@ -128,6 +129,18 @@ def test_variant_values(tmp_path):
     assert low.value("policy.dtensor_cfg.tensor_parallel_size") == 1  # the trainer's tp (the rollout's is 2)
     low = _lowered(tmp_path, "fp8_kv")
     assert low.value("policy.generation.vllm_cfg.kv_cache_dtype") in ("fp8", "fp8_e4m3")
+
+
+def test_vllm_data_parallelism_is_what_ep_over_tp_gives(tmp_path):
+    """NeMo RL's vllm_dp_size is expert_parallel_size / tensor_parallel_size (vllm_generation.py): dp 4 with tp 2
+    is ep 8, and no key of its own; dp without that ep has none at all."""
+    low = _lowered(tmp_path, "vllm_dp")
+    assert (low.value("policy.generation.vllm_cfg.tensor_parallel_size"),
+            low.value("policy.generation.vllm_cfg.expert_parallel_size")) == (2, 8)
+    assert any("ep / tp" in n or "expert_parallel_size / tensor_parallel_size" in n for n in low.notes)
+    with pytest.raises(Unsupported) as exc:
+        lower(_plan(tmp_path, _text("    parallel tp 2 dp 4")), "nemo_rl")
+    assert exc.value.code == "PCC633" and "ep 8" in exc.value.hint
 
 
 def test_fp8_kv_cache_over_bf16_weights_is_refused(tmp_path):

@@ -10,10 +10,10 @@ import pytest
 from pcc.models import FAMILIES, CatalogError, catalog_names, load_catalog
 from pcc.models.builtin import _CONFIGS, catalog_from_config
 
-NAMES = ("deepseek_v3", "glm5", "kimi_k2", "llama3_2_1b", "llama3_8b", "minimax_m2", "moonlight_16b_a3b",
+NAMES = ("deepseek_v3", "glm5", "gpt_oss_20b", "kimi_k2", "llama3_2_1b", "llama3_8b", "minimax_m2", "moonlight_16b_a3b",
          "qwen2_5_0_5b", "qwen2_5_14b", "qwen2_5_1_5b", "qwen2_5_32b", "qwen2_5_3b", "qwen2_5_72b", "qwen2_5_7b",
-         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_27b",
-         "qwen3_5_35b_a3b", "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
+         "qwen3_0_6b", "qwen3_1_7b", "qwen3_235b_a22b", "qwen3_30b_a3b", "qwen3_32b", "qwen3_4b", "qwen3_5_122b_a10b",
+         "qwen3_5_27b", "qwen3_5_35b_a3b", "qwen3_5_397b_a17b", "qwen3_8b", "tiny_dense", "tiny_moe", "tiny_moe_128", "tiny_shared_moe")
 
 
 def counts(catalog):
@@ -331,12 +331,14 @@ def test_config_dtype_absent_is_bf16_and_transformers5_dtype_is_read():
 # README.md 16B total, 3B activated (15,960,108,544); Qwen/Qwen2.5-14B README.md 14.7B (14,769,689,600);
 # Qwen/Qwen2.5-72B README.md 72.7B (72,705,384,448). Qwen3.5-27B: 27B as the Qwen3.6-27B card (same sizes) states
 # it (quoted by 67ailab.com's Qwen3.6-27B deep dive; the catalog, the language model without vision tower and MTP
-# layer, is 26.9B).
+# layer, is 26.9B). Qwen/Qwen3.5-397B-A17B and Qwen3.5-122B-A10B README.md: 397B and 122B in total (the language
+# models: 396.3B and 122.1B). openai/gpt-oss-20b model card: 21B parameters (20.9B).
 PUBLISHED_PARAMS = {"qwen2_5_0_5b": 0.49e9, "qwen2_5_3b": 3.09e9, "qwen2_5_7b": 7.61e9, "qwen3_4b": 4.0e9,
                     "qwen3_32b": 32.8e9, "qwen3_5_35b_a3b": 35e9, "minimax_m2": 230e9, "llama3_2_1b": 1.23e9,
                     "qwen2_5_1_5b": 1.54e9, "qwen2_5_32b": 32.5e9, "qwen3_0_6b": 0.6e9, "qwen3_1_7b": 1.7e9,
                     "qwen3_235b_a22b": 235e9, "moonlight_16b_a3b": 16e9,
-                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9, "qwen3_5_27b": 27e9}
+                    "qwen2_5_14b": 14.7e9, "qwen2_5_72b": 72.7e9, "qwen3_5_27b": 27e9,
+                    "qwen3_5_397b_a17b": 397e9, "qwen3_5_122b_a10b": 122e9, "gpt_oss_20b": 21e9}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
