@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
@@ -24,6 +25,7 @@ from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_vllm.sh"
+WORKER = "rollout/pcc_vllm_worker.py"  # pcc.lower.vllm_worker, the worker extension the launcher names
 ARGS_FILE = "rollout/vllm_args.txt"
 QUANT_FILE = "rollout/quantization_config.json"
 
@@ -231,9 +233,13 @@ def lower_vllm(plan: Plan) -> Lowered:
         out.settings += [env("vllm", k, v, "trainable") for k, v in tab["lora_env"].items()]
         notes.append("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: each adapter sync loads the new adapter through "
                      "/v1/load_lora_adapter")
+    put("--worker-extension-cls", tab["worker_extension_cls"], "sync")
+    notes.append(f"--worker-extension-cls {tab['worker_extension_cls']} ({WORKER}, on the launcher's PYTHONPATH): "
+                 "/collective_rpc methods that read served tensors back and reload a version only after checking it "
+                 "against its pcc_manifest.json (docs/lower-vllm.md)")
     check_flags("vllm", out.settings, "vLLM")
     args = out.args
-    out.files.update({ARGS_FILE: "".join(a + "\n" for a in args),
+    out.files.update({ARGS_FILE: "".join(a + "\n" for a in args), WORKER: worker_module(),
                       LAUNCH: launch_script(args, out.env, tab["checkpoint_quant_method"].get(layout), lora)})
     qcfg = quantization_config(plan)
     if qcfg is not None:
@@ -248,7 +254,13 @@ def lower_vllm(plan: Plan) -> Lowered:
 # the same engine arguments (launchers/api_server: make_arg_parser), the model as --model.
 SERVER = Server("launch_vllm.sh", "vLLM",
                 'python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
-                ("config.json",), "max_tokens", caps_max_tokens=True)  # lower_vllm: --override-generation-config
+                ("config.json",), "max_tokens", caps_max_tokens=True,  # lower_vllm: --override-generation-config
+                modules_beside=True)  # pcc_vllm_worker.py, which --worker-extension-cls names
+
+
+def worker_module() -> str:
+    """The text of pcc.lower.vllm_worker, shipped as a file: vLLM's worker imports it without pcc."""
+    return (Path(__file__).resolve().parent / "vllm_worker.py").read_text(encoding="utf-8")
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:
