@@ -17,6 +17,7 @@ Self-contained: it runs inside vLLM's worker, where pcc is not installed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +71,36 @@ def _checked(path: str, prefix: str = "") -> tuple[dict[str, torch.Tensor] | Non
     return got, ""
 
 
+@contextlib.contextmanager
+def _int8_scales_kept():
+    """During a reload, each oneDNN W8A8 GEMM handle vLLM's CPU build creates keeps the weight-scale tensor it
+    reads. The handle holds only a pointer to that tensor (csrc/cpu/dnnl_helper.cpp
+    W8A8MatMulPrimitiveHandler::init_runtime_memory_cache wraps args.b_scales_ptr, read at every execute), and
+    a reload builds the handle from freshly processed tensors, copies their values into the first load's and
+    puts those back on the layer (model_executor/model_loader/reload/layerwise.py
+    _copy_and_restore_kernel_tensors, _place_kernel_tensors): the fresh scale tensor is freed, the handle reads
+    freed memory, and every log-prob after a reload is non-finite. The handle owning its tensor closes that."""
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        ops = None
+    make = getattr(ops, "create_onednn_scaled_mm", None)
+    if make is None:
+        yield
+        return
+
+    def keeping(weight, weight_scales, *args, **kwargs):
+        handle = make(weight, weight_scales, *args, **kwargs)
+        handle.pcc_weight_scales = weight_scales  # freed with the handle (CPUDNNLGEMMHandler.__del__)
+        return handle
+
+    ops.create_onednn_scaled_mm = keeping
+    try:
+        yield
+    finally:
+        ops.create_onednn_scaled_mm = make
+
+
 def _through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
     """A linear layer's weight [N, K] as its own kernel holds it: the kernel applied to the identity, I W^T.
     vLLM's CPU build moves an unquantized linear's weight into a oneDNN (or SGL) packed handle and leaves
@@ -113,7 +144,8 @@ class PccWorkerExtension:
         tensors, why = _checked(weights_path)
         if tensors is None:
             return {"refused": why}
-        self.reload_weights(weights_iterator=iter(tensors.items()))
+        with _int8_scales_kept():
+            self.reload_weights(weights_iterator=iter(tensors.items()))
         return {"loaded": len(tensors)}
 
     def pcc_check_adapter(self, lora_path: str) -> dict:
