@@ -117,6 +117,27 @@ def _through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
         return torch.cat([gemm(eye[i:i + rows], None, None) for i in range(0, k, rows)]).t().contiguous()
 
 
+def _int8_through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
+    """A W8A8 INT8 linear's weight, dequantized (codes x per-channel scale, in FP32), as its kernel holds it.
+    vLLM's CPU build keeps the int8 codes only in a oneDNN handle and sets `weight` to None
+    (model_executor/kernels/linear/scaled_mm/cpu.py process_weights_for_onednn). The layer's own apply on the
+    FP32 identity quantizes each row to one code 127 at scale 1/127 (per-token dynamic) and returns code x
+    scale to within a few FP32 ulps; rounding that over the layer's weight_scale to the nearest integer gives
+    the code exactly (|code| <= 127, error << 0.5)."""
+    scale = getattr(module, "weight_scale", None)
+    method = getattr(module, "quant_method", None)
+    k = getattr(module, "input_size_per_partition", None)
+    if not isinstance(scale, torch.Tensor) or method is None or not isinstance(k, int):
+        return None
+    s = scale.detach().float().reshape(-1, 1)
+    with torch.inference_mode():
+        eye = torch.eye(k, dtype=torch.float32)
+        out = torch.cat([method.apply(module, eye[i:i + rows]) for i in range(0, k, rows)]).t().float()
+    if out.shape[0] != s.shape[0]:
+        return None
+    return torch.round(out / s).clamp(-128, 127) * s
+
+
 def _module(model, module_name: str) -> tuple[str, tuple[str, int] | None]:
     """The vLLM module holding checkpoint module `module_name`, and (packed name, index) where the model packs
     it (its packed_modules_mapping: q/k/v -> qkv_proj, gate/up -> gate_up_proj), else None."""
@@ -164,8 +185,9 @@ class PccWorkerExtension:
             return {"missing": f"the model has no module {target}"}
         module = getattr(module, "base_layer", module)  # a LoRA wrapper's own layer
         values = getattr(module, param, None)
-        if isinstance(values, torch.Tensor) and values.numel() == 0 and param == "weight":
-            values = _through_kernel(module)  # the CPU build keeps it only inside its GEMM's packed handle
+        if param == "weight" and (values is None or values.numel() == 0):
+            # the CPU build keeps it only inside its GEMM's packed handle
+            values = _int8_through_kernel(module) if values is None else _through_kernel(module)
         if not isinstance(values, torch.Tensor):
             return {"missing": f"{target} has no tensor {param}"}
         if where is None:

@@ -297,23 +297,25 @@ def w8a8_contract(model: Path) -> str:
 
 
 def test_w8a8_int8_full_weights_on_a_real_vllm(model, tmp_path):
-    """Levels 3-6 of the shipped W8A8 INT8 contract: validate's version 0 written as compressed-tensors
-    int-quantized (int8 weights, FP32 per-channel weight_scale), vLLM's CPU build started on it and serving it
-    with CompressedTensorsW8A8Int8 (its oneDNN int8 GEMM, activations quantized per token at run time); the
-    trainer side is pcc's BF16 model. The server starts on version 0 because a reload breaks it (PCC643)."""
+    """Levels 3-6 of the shipped W8A8 INT8 contract, every check passing: validate's version 0 written as
+    compressed-tensors int-quantized (int8 weights, FP32 per-channel weight_scale), vLLM's CPU build started on it
+    and serving it with CompressedTensorsW8A8Int8 (its oneDNN int8 GEMM, activations quantized per token at run
+    time), later versions reloaded through the worker extension, which keeps the weight-scale tensor each oneDNN
+    handle reads (vLLM's own reload frees it: every log-prob after it was non-finite, HTTP 400). Starting on
+    version 0 also keeps the client's no-reload install of it (`_loaded_at_start`) under a real server."""
     r = ladder(tmp_path, "w8a8", w8a8_contract(model), model, start_on_version0=True)
     log = r["server_log"]
     assert "CompressedTensorsW8A8Int8" in log, log[-3000:]  # the kernel vLLM selected for the int8 layers
-    assert log.count("Reloading weights inplace") == 1  # version 0 was served as started; level 6's update reloaded
-    levels = {lv["level"]: lv for lv in r["levels"]}
-    # level 6's update is a reload, after which vLLM's CPU build serves non-finite log-probs (PCC643): the level
-    # errors with vLLM's own words for that, and nothing else fails but level 5's read-back (as for BF16)
-    assert levels[6]["error"] is not None and "Out of range float values are not JSON compliant" in levels[6]["error"]
-    assert _failed(r) == {3: [], 4: [], 5: ["installed tensors differing from the checkpoint"], 6: []}
-    assert all(levels[lv]["error"] is None for lv in (3, 4, 5))
+    assert log.count("Reloading weights inplace") == 1  # logged once (info_once): level 6's versions reloaded
+    levels = _by_level(r)
+    assert _failed(r) == {3: [], 4: [], 5: [], 6: []}
     assert levels[4]["figures"]["served version"] == 0
     assert levels[4]["figures"]["same_version abs_dlogp p99"] <= W8A8_BOUND
+    assert levels[5]["figures"]["installed tensors differing from the checkpoint"] == 0  # codes x scales, exact
     assert levels[5]["figures"]["decode vs prefill abs_dlogp p99"] <= W8A8_BOUND
+    assert levels[6]["figures"]["tensors served stale"] == 0 and levels[6]["figures"]["partial versions served"] == 0
+    assert levels[6]["figures"]["change cosine"] >= 0.5 and levels[6]["figures"]["active version"] == 1
+    assert levels[6]["figures"]["same_version abs_dlogp p99 after update"] <= W8A8_BOUND
     ops = levels[3]["figures"]["operators"]
     assert {o["family"] for o in ops} == {"attn.q", "attn.kv", "attn.o", "mlp.gate_up", "mlp.down"}
     assert all(o["activation scale"] == "dynamic" and o["emulated_kernel_error"] <= 1e-5 for o in ops)
