@@ -135,11 +135,12 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
             flag("vllm", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
-def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
+def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported], notes: list[str]) -> None:
     """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC637 on
-    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638, and into
-    a W8A8 INT8 one, PCC643.
-    Both are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638. A
+    full-weights sync into a W8A8 INT8 model is a note: vLLM's own reload breaks it there, the bundle's worker
+    extension does not (pcc/lower/vllm_worker.py, _int8_scales_kept).
+    PCC637 and PCC638 are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
     to for pcc's own CPU runtime, whose engine is not vLLM's CPU build, and that contract must still compile
     (pcc convert writes its rollout checkpoint)."""
     tab = tables()["cpu"]
@@ -159,12 +160,9 @@ def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) 
             "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
             "run the rollout on a GPU"))
     if c.sync.moves == "full_weights" and rollout_layout(plan) == "int8":
-        caveats.append(Unsupported(
-            f"vLLM's CPU build serves non-finite log-probs from a W8A8 INT8 model once weights are reloaded into "
-            f"it, which every full-weights sync does (/collective_rpc reload_weights): "
-            f"{' '.join(tab['int8_weight_reload'].split())}", "PCC643", "sync",
-            "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
-            "run the rollout on a GPU"))
+        notes.append("W8A8 INT8 on vLLM's CPU build: each full-weights sync goes through the worker extension's "
+                     "pcc_reload_weights, which keeps the weight-scale tensor each oneDNN handle reads; vLLM's own "
+                     "/collective_rpc reload_weights frees it (targets/vllm.yaml cpu.int8_weight_reload)")
 
 
 def _expert_layout(plan: Plan) -> str:
@@ -226,7 +224,7 @@ def lower_vllm(plan: Plan) -> Lowered:
                      "kernels; slower)")
     out.settings += routed_experts(plan, "vllm", notes)
     if plan.hardware("rollout") == "cpu":
-        _cpu_build(plan, out.settings, caveats)
+        _cpu_build(plan, out.settings, caveats, notes)
     lora = c.trainable.kind == "lora"
     if lora:
         out.settings += _lora(plan, layout, notes, caveats)

@@ -219,8 +219,7 @@ class VllmEngine(HttpClient):
                 r = self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True)
                 self._ok("/v1/unload_lora_adapter", r)
         elif self._loaded_at_start(v):
-            # nothing to reload: the server started on exactly these tensors (and a reload is what a W8A8 INT8
-            # model on vLLM's CPU build does not survive, PCC643)
+            # nothing to reload: the server started on exactly these tensors
             self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
         else:
             self._ok("/pause", self._post("/pause?mode=wait"))
