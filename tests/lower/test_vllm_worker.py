@@ -79,3 +79,23 @@ def test_the_client_decodes_what_the_extension_encodes():
         _tensor(bad)
     with pytest.raises(ValueError, match="not a torch dtype"):
         _tensor({**W._encode(t), "dtype": "Tensor"})
+
+
+def test_int8_codes_are_recovered_exactly_from_a_kernel_within_a_few_ulps():
+    """A W8A8 layer as vLLM's CPU build leaves it (`weight` None, codes inside the GEMM): its output on the
+    identity, code x scale off by a few FP32 ulps as oneDNN's per-token scale and epilogue round, gives back
+    codes x scale exactly."""
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(-127, 128, (24, 40), generator=g).to(torch.int8)
+    scale = torch.rand(24, 1, generator=g) * 0.01 + 1e-3
+    layer = torch.nn.Module()
+    layer.input_size_per_partition, layer.weight_scale = 40, scale
+
+    class Method:
+        def apply(self, module, x):
+            out = x @ (codes.float() * scale).t()
+            return out * (1 + 4e-7 * (torch.rand(out.shape, generator=g) - 0.5))  # a few ulps either way
+
+    layer.quant_method = Method()
+    got = W._int8_through_kernel(layer, rows=16)
+    assert torch.equal(got, codes.float() * scale)
