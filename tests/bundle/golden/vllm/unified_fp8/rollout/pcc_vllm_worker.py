@@ -113,8 +113,15 @@ def _through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
     if not callable(gemm) or not isinstance(k, int) or not isinstance(dtype, torch.dtype):
         return None
     with torch.inference_mode():
-        eye = torch.eye(k, dtype=dtype)
-        return torch.cat([gemm(eye[i:i + rows], None, None) for i in range(0, k, rows)]).t().contiguous()
+        return torch.cat([gemm(_eye_rows(i, rows, k, dtype), None, None) for i in range(0, k, rows)]).t().contiguous()
+
+
+def _eye_rows(start: int, rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows start.. of the k x k identity, at most `rows` of them (never the whole identity: k can be 30k)."""
+    n = min(rows, k - start)
+    block = torch.zeros(n, k, dtype=dtype)
+    block[torch.arange(n), torch.arange(start, start + n)] = 1
+    return block
 
 
 def _int8_through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
@@ -131,8 +138,8 @@ def _int8_through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
         return None
     s = scale.detach().float().reshape(-1, 1)
     with torch.inference_mode():
-        eye = torch.eye(k, dtype=torch.float32)
-        out = torch.cat([method.apply(module, eye[i:i + rows]) for i in range(0, k, rows)]).t().float()
+        out = torch.cat([method.apply(module, _eye_rows(i, rows, k, torch.float32))
+                         for i in range(0, k, rows)]).t().float()
     if out.shape[0] != s.shape[0]:
         return None
     return torch.round(out / s).clamp(-128, 127) * s
