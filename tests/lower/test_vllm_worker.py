@@ -54,6 +54,18 @@ def test_a_partial_or_damaged_version_is_refused(tmp_path, tensors, fault, words
     assert got is None and words in why and "version 3" in why
 
 
+def test_a_file_that_does_not_load_or_a_malformed_manifest_is_refused(tmp_path, tensors):
+    d = _version(tmp_path, tensors)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(raw[:20])
+    got, why = W._checked(d)
+    assert got is None and "does not load" in why
+    (tmp_path / "model.safetensors").write_bytes(raw)
+    (tmp_path / "pcc_manifest.json").write_text(json.dumps({"version": 3, "tensors": {"model.norm.weight": {"shape": [16]}}}))
+    got, why = W._checked(d)
+    assert got is None and "malformed pcc_manifest.json" in why
+
+
 def test_an_adapter_is_checked_under_peft_names(tmp_path):
     lora = {"model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(8, 16, dtype=torch.bfloat16)}
     d = _version(tmp_path, lora, W.ADAPTER_PREFIX, manifest(1, "adapter", lora))

@@ -47,15 +47,24 @@ def _checked(path: str, prefix: str = "") -> tuple[dict[str, torch.Tensor] | Non
     try:
         with open(os.path.join(path, "pcc_manifest.json"), encoding="utf-8") as f:
             man = json.load(f)
-        want = man["tensors"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         return None, f"{path}: no readable pcc_manifest.json ({type(exc).__name__}: {exc})"
     got: dict[str, torch.Tensor] = {}
     for fn in sorted(os.listdir(path)):
         if fn.endswith(".safetensors"):
-            for k, t in load_file(os.path.join(path, fn)).items():
-                got[k.removeprefix(prefix)] = t
-    v = man.get("version")
+            try:
+                tensors = load_file(os.path.join(path, fn))
+            except Exception as exc:  # safetensors' SafetensorError (a truncated header) is no OSError
+                return None, f"{path}/{fn} does not load ({type(exc).__name__}: {exc})"
+            got.update((k.removeprefix(prefix), t) for k, t in tensors.items())
+    try:
+        return _against(man, got, path)
+    except (KeyError, TypeError, AttributeError) as exc:
+        return None, f"{path}: a malformed pcc_manifest.json ({type(exc).__name__}: {exc})"
+
+
+def _against(man: dict, got: dict[str, torch.Tensor], path: str) -> tuple[dict[str, torch.Tensor] | None, str]:
+    want, v = man["tensors"], man.get("version")
     for k, meta in want.items():
         t = got.get(k)
         if t is None:
