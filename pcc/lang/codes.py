@@ -3,7 +3,7 @@
 docs/checks.md has a section per code (with a bad example and the fix); the SARIF output's rules
 (`pcc check --output-format sarif`) and the checks' tests read this table. Raising sites name their
 code as a string; tests/test_checks.py holds both to the table. PCC205 is an error, or a warning where
-only the engines refuse the shape; a retired code (PCC408) keeps its doc section and leaves the table.
+only the engines refuse the shape; a retired code (PCC408, PCC643) keeps its doc section and leaves the table.
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ CODES: dict[str, Code] = {
     "PCC636": Code("error", "LoRA NeMo RL's Megatron policy cannot express"),
     "PCC637": Code("warning", "an engine flag vLLM's CPU build refuses"),
     "PCC638": Code("warning", "a full-weights sync into a MoE model on vLLM's CPU build"),
-    "PCC643": Code("warning", "a full-weights sync into a W8A8 INT8 model on vLLM's CPU build"),
     "PCC640": Code("error", "a trainer precision torchao cannot train"),
     "PCC641": Code("error", "trainer state FSDP2 cannot hold"),
     "PCC642": Code("error", "LoRA the FSDP trainer cannot apply"),

@@ -24,6 +24,7 @@ class Server:
     quant_files: tuple[str, ...]  # checkpoint files that may carry quant_method
     max_tokens_field: str  # the request field that bounds a response
     caps_max_tokens: bool = False  # the engine's flags (its target emits them) cap every request's response
+    modules_beside: bool = False  # the server imports a module shipped beside the script (PYTHONPATH)
 
 
 def request_caveats(s: Server, plan) -> list[Unsupported]:
@@ -70,6 +71,9 @@ def server_script(s: Server, args: list[str], quant_method: str | None, adapter:
             "fi",
         ]
     lines += [f"export {k}={q(v)}" for k, v in sorted((env or {}).items())]
+    if s.modules_beside:
+        lines += ["# The modules pcc ships beside this script (its worker extension) before any other.",
+                  'export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"']
     lines.append("extra=()")
     if adapter is not None:
         lines += [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 from pcc.lower import Lowered, Unsupported, module_leaf, refuse, target, unsupported
 from pcc.lower.checkpoint_config import quantization_config, rollout_layout
@@ -24,6 +25,7 @@ from pcc.plan.layouts import named
 from pcc.resources import target_table
 
 LAUNCH = "rollout/launch_vllm.sh"
+WORKER = "rollout/pcc_vllm_worker.py"  # pcc.lower.vllm_worker, the worker extension the launcher names
 ARGS_FILE = "rollout/vllm_args.txt"
 QUANT_FILE = "rollout/quantization_config.json"
 
@@ -133,11 +135,12 @@ def _lora(plan: Plan, layout: str, notes: list[str], caveats: list[Unsupported])
             flag("vllm", "--lora-target-modules", tuple(sorted(names)), "trainable.targets")]
 
 
-def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) -> None:
+def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported], notes: list[str]) -> None:
     """`hardware cpu` is vLLM's CPU build (targets/vllm.yaml `cpu`): a flag it refuses at start is PCC637 on
-    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638, and into
-    a W8A8 INT8 one, PCC643.
-    Both are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
+    the field that asked for it; a full-weights sync into a MoE model, which its reload corrupts, PCC638. A
+    full-weights sync into a W8A8 INT8 model is a note: vLLM's own reload breaks it there, the bundle's worker
+    extension does not (pcc/lower/vllm_worker.py, _int8_scales_kept).
+    PCC637 and PCC638 are warnings: `hardware cpu` is also what `pcc run` / `pcc validate --model` re-resolve a contract
     to for pcc's own CPU runtime, whose engine is not vLLM's CPU build, and that contract must still compile
     (pcc convert writes its rollout checkpoint)."""
     tab = tables()["cpu"]
@@ -157,12 +160,9 @@ def _cpu_build(plan: Plan, settings: list[Setting], caveats: list[Unsupported]) 
             "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
             "run the rollout on a GPU"))
     if c.sync.moves == "full_weights" and rollout_layout(plan) == "int8":
-        caveats.append(Unsupported(
-            f"vLLM's CPU build serves non-finite log-probs from a W8A8 INT8 model once weights are reloaded into "
-            f"it, which every full-weights sync does (/collective_rpc reload_weights): "
-            f"{' '.join(tab['int8_weight_reload'].split())}", "PCC643", "sync",
-            "sync an adapter instead ('trainable lora', 'sync adapter'), restart the server on each version, or "
-            "run the rollout on a GPU"))
+        notes.append("W8A8 INT8 on vLLM's CPU build: each full-weights sync goes through the worker extension's "
+                     "pcc_reload_weights, which keeps the weight-scale tensor each oneDNN handle reads; vLLM's own "
+                     "/collective_rpc reload_weights frees it (targets/vllm.yaml cpu.int8_weight_reload)")
 
 
 def _expert_layout(plan: Plan) -> str:
@@ -224,16 +224,20 @@ def lower_vllm(plan: Plan) -> Lowered:
                      "kernels; slower)")
     out.settings += routed_experts(plan, "vllm", notes)
     if plan.hardware("rollout") == "cpu":
-        _cpu_build(plan, out.settings, caveats)
+        _cpu_build(plan, out.settings, caveats, notes)
     lora = c.trainable.kind == "lora"
     if lora:
         out.settings += _lora(plan, layout, notes, caveats)
         out.settings += [env("vllm", k, v, "trainable") for k, v in tab["lora_env"].items()]
         notes.append("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: each adapter sync loads the new adapter through "
                      "/v1/load_lora_adapter")
+    put("--worker-extension-cls", tab["worker_extension_cls"], "sync")
+    notes.append(f"--worker-extension-cls {tab['worker_extension_cls']} ({WORKER}, on the launcher's PYTHONPATH): "
+                 "/collective_rpc methods that read served tensors back and reload a version only after checking it "
+                 "against its pcc_manifest.json (docs/lower-vllm.md)")
     check_flags("vllm", out.settings, "vLLM")
     args = out.args
-    out.files.update({ARGS_FILE: "".join(a + "\n" for a in args),
+    out.files.update({ARGS_FILE: "".join(a + "\n" for a in args), WORKER: worker_module(),
                       LAUNCH: launch_script(args, out.env, tab["checkpoint_quant_method"].get(layout), lora)})
     qcfg = quantization_config(plan)
     if qcfg is not None:
@@ -248,7 +252,13 @@ def lower_vllm(plan: Plan) -> Lowered:
 # the same engine arguments (launchers/api_server: make_arg_parser), the model as --model.
 SERVER = Server("launch_vllm.sh", "vLLM",
                 'python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT"', "--lora-modules",
-                ("config.json",), "max_tokens", caps_max_tokens=True)  # lower_vllm: --override-generation-config
+                ("config.json",), "max_tokens", caps_max_tokens=True,  # lower_vllm: --override-generation-config
+                modules_beside=True)  # pcc_vllm_worker.py, which --worker-extension-cls names
+
+
+def worker_module() -> str:
+    """The text of pcc.lower.vllm_worker, shipped as a file: vLLM's worker imports it without pcc."""
+    return (Path(__file__).resolve().parent / "vllm_worker.py").read_text(encoding="utf-8")
 
 
 def launch_script(args: list[str], env: dict[str, str], quant_method: str | None, lora: bool) -> str:

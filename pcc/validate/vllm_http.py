@@ -22,8 +22,13 @@ Endpoints and fields, as in vllm-project/vllm v0.32.0 (paths under vllm/entrypoi
   model_executor/model_loader/reload/inplace.py), POST /reset_prefix_cache (serve/dev/cache/),
   POST /pause?mode=wait, /resume, /update_weight_version {new_version}, GET /weight_info ->
   {weight_version} ("default" until one is set) (rl/online/api_router.py).
-Not over HTTP: a parameter's values (read_tensor raises NotServed), and the version that served a
-completion (the response names none: `score` reads /weight_info before and after and refuses a change).
+- pcc's worker extension (pcc/lower/vllm_worker.py; the bundle's launcher passes --worker-extension-cls), found
+  by the probe rpc `pcc_extension`: `/collective_rpc {method: pcc_read_parameter | pcc_read_adapter, args:
+  [name]}` -> {"results": [{dtype, shape, data: base64 of the raw bytes}]}, `pcc_reload_weights` (the full-weights
+  sync: the manifest checked in the worker, then reload_weights of the checked tensors) and `pcc_check_adapter`
+  (before /v1/load_lora_adapter); {"refused": why} is a refusal.
+Not over HTTP: without the extension a parameter's values (read_tensor raises NotServed); ever, the version that
+served a completion (the response names none: `score` reads /weight_info before and after and refuses a change).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class VllmEngine(HttpClient):
     def __init__(self, url: str, versions_dir, plan, arch, **kw):
         super().__init__(url, versions_dir, plan, arch, **kw)
         self.base: str | None = None
+        self.extension: bool | None = None  # pcc's worker extension answers /collective_rpc (probed once)
 
     def _ok(self, path: str, reply):
         """The reply, or an EngineError naming the endpoint when it is an HTTP error status."""
@@ -167,6 +173,27 @@ class VllmEngine(HttpClient):
 
         return self._reply("/v1/completions", parse)
 
+    # -- pcc's worker extension --------------------------------------------------------------------
+    def _has_extension(self) -> bool:
+        """Does the server run pcc's worker extension? vLLM answers an rpc of a method no worker has with an
+        HTTP error (run_method's NotImplementedError), and a server without VLLM_SERVER_DEV_MODE with a 404."""
+        if self.extension is None:
+            r = self._post("/collective_rpc", {"method": "pcc_extension"})
+            self.extension = not (isinstance(r, dict) and "_status" in r) and self._reply(
+                "/collective_rpc", lambda: r["results"][0]["pcc_worker_extension"] == 1)
+        return self.extension
+
+    def _rpc(self, method: str, arg: str) -> dict:
+        """The one worker's reply to extension method `method` (a tensor-parallel server has several)."""
+        r = self._ok("/collective_rpc", self._post("/collective_rpc", {"method": method, "args": [arg]}))
+        results = self._reply("/collective_rpc", lambda: list(r["results"]))
+        if len(results) != 1:
+            raise NotServed(f"{self.url}: {len(results)} workers answered {method}; pcc reads one unsharded worker")
+        if not isinstance(results[0], dict):
+            raise EngineError(f"{self.url}/collective_rpc {method}: the reply is not what pcc's worker extension "
+                              f"sends ({results[0]!r:.80})")
+        return results[0]
+
     # -- versions -----------------------------------------------------------------------------
     def activate(self, version: int) -> None:
         v, d = self._installed(version)
@@ -177,6 +204,10 @@ class VllmEngine(HttpClient):
             # path keeps prefix-cache blocks of the old weights (serving.py load_lora_adapter)
             name = f"pcc-v{version}-{d.name}"
             if name != self.lora:  # the active adapter again: nothing to load
+                if self._has_extension():  # the manifest checked where vLLM loads the files
+                    why = self._rpc("pcc_check_adapter", str(d)).get("refused")
+                    if why:
+                        raise ActivationRefused(f"pcc_check_adapter {d}: {why}")
                 r = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(d)}, text=True)
                 if isinstance(r, dict):
                     if _no_route(r):
@@ -188,17 +219,21 @@ class VllmEngine(HttpClient):
                 r = self._post("/v1/unload_lora_adapter", {"lora_name": old}, text=True)
                 self._ok("/v1/unload_lora_adapter", r)
         elif self._loaded_at_start(v):
-            # nothing to reload: the server started on exactly these tensors (and a reload is what a W8A8 INT8
-            # model on vLLM's CPU build does not survive, PCC643)
+            # nothing to reload: the server started on exactly these tensors
             self._ok("/update_weight_version", self._post("/update_weight_version", {"new_version": str(version)}))
         else:
             self._ok("/pause", self._post("/pause?mode=wait"))
             try:
-                r = self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
-                if isinstance(r, dict) and "_status" in r:
-                    if _no_route(r):
-                        self._ok("/collective_rpc", r)
-                    raise ActivationRefused(f"reload_weights {d}: {r['message']}")
+                if self._has_extension():  # the bundle's sync path: nothing unchecked is loaded
+                    why = self._rpc("pcc_reload_weights", str(d)).get("refused")
+                    if why:
+                        raise ActivationRefused(f"pcc_reload_weights {d}: {why}")
+                else:
+                    r = self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
+                    if isinstance(r, dict) and "_status" in r:
+                        if _no_route(r):
+                            self._ok("/collective_rpc", r)
+                        raise ActivationRefused(f"reload_weights {d}: {r['message']}")
                 reset = self._ok("/reset_prefix_cache", self._post("/reset_prefix_cache"))
                 if not self._reply("/reset_prefix_cache", lambda: reset["success"]):
                     raise EngineError(f"{self.url}/reset_prefix_cache: the cache of version {version}'s "
@@ -241,8 +276,22 @@ class VllmEngine(HttpClient):
         return v, self.manifests.get(v, {})
 
     def read_tensor(self, name: str) -> torch.Tensor:
-        raise NotServed(f"{self.url}: vLLM 0.32 returns no parameter values over HTTP (/weight_checker gives only "
-                        f"checksums of its own processed parameters), so {name} cannot be read back")
+        """A served tensor by checkpoint name, through pcc's worker extension. An adapter's lora_B comes back
+        with vLLM's scaling folded in (lora/lora_weights.py optimize) and is divided by the alpha / rank pcc
+        wrote (exact for a power-of-two scaling, as alpha = 2 x rank is)."""
+        if not self._has_extension():
+            raise NotServed(f"{self.url}: vLLM 0.32 returns no parameter values over HTTP (/weight_checker gives "
+                            f"only checksums of its own processed parameters) and the server does not run pcc's "
+                            f"worker extension (--worker-extension-cls), so {name} cannot be read back")
+        adapter = ".lora_A." in name or ".lora_B." in name
+        r = self._rpc("pcc_read_adapter" if adapter else "pcc_read_parameter", name)
+        if "missing" in r:
+            raise NotServed(f"{self.url}: pcc's worker extension cannot read {name}: {r['missing']}")
+        t = self._reply("/collective_rpc", lambda: _tensor(r))
+        if adapter and ".lora_B." in name:
+            c = self.plan.contract.trainable
+            t = t.float() / ((c.alpha or c.rank) / c.rank)
+        return t
 
 
 def _no_route(reply: dict) -> bool:
@@ -259,3 +308,18 @@ def _npy(b64: str, rows: int, arch) -> torch.Tensor:
     if a.ndim != 3 or a.shape[0] < rows or a.shape[1:] != (arch.layers, arch.topk):
         raise ValueError(f"routed_experts of shape {a.shape}, expected [>= {rows}, {arch.layers}, {arch.topk}]")
     return torch.from_numpy(a[:rows].astype(np.int64))
+
+
+def _tensor(r: dict) -> torch.Tensor:
+    """{dtype, shape, data: base64 of the raw little-endian bytes} as the worker extension encodes a tensor."""
+    dtype = getattr(torch, str(r["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {r['dtype']!r} is not a torch dtype")
+    shape = [int(n) for n in r["shape"]]
+    raw = bytearray(base64.b64decode(r["data"], validate=True))
+    n = 1
+    for d in shape:
+        n *= d
+    if len(raw) != n * dtype.itemsize:
+        raise ValueError(f"{len(raw)} bytes for a {r['dtype']} tensor of shape {shape}")
+    return torch.frombuffer(raw, dtype=dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)

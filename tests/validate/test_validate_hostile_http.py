@@ -3,6 +3,8 @@ EngineError naming the endpoint, in bounded time and memory, never a hang or a r
 
 from __future__ import annotations
 
+import json
+
 import socket
 import threading
 import time
@@ -57,6 +59,15 @@ class Server:
 def _http(status: str, body: bytes) -> bytes:
     return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode() + body
+
+
+def _body(conn, req: bytes) -> tuple[bytes, bytes]:
+    """(head, body) of a request, the body read to its Content-Length (it may come in a later packet)."""
+    head, _, body = req.partition(b"\r\n\r\n")
+    size = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+    while len(body) < size:
+        body += conn.recv(65536)
+    return head, body
 
 
 def _engine(url, tmp_path, timeout=2.0, cls=HttpEngine):
@@ -178,7 +189,8 @@ def test_a_failed_vllm_reload_is_refused_and_the_server_resumed(tmp_path):
         e.installed[1] = (Version(1, "full_weights", {}), tmp_path)
         with pytest.raises(ActivationRefused, match=r"reload_weights .*: HTTP 500: Internal Server Error"):
             e.activate(1)
-    assert seen == ["/weight_info", "/pause", "/collective_rpc", "/resume"]
+    # the extension probe (an HTTP error: none), then vLLM's own reload_weights
+    assert seen == ["/weight_info", "/pause", "/collective_rpc", "/collective_rpc", "/resume"]
 
 
 @pytest.mark.parametrize("status", ["400 Bad Request", "404 Not Found"])  # 404: vLLM's LoRAAdapterNotFoundError
@@ -192,9 +204,64 @@ def test_a_refused_vllm_adapter_is_refused(tmp_path, status):
         assert e.lora is None
 
 
-def test_vllm_cannot_read_a_tensor_back(tmp_path):
-    with pytest.raises(NotServed, match="vLLM 0.32 returns no parameter values over HTTP"):
-        _engine("http://127.0.0.1:9", tmp_path, cls=VllmEngine).read_tensor("model.layers.0.mlp.down_proj.weight")
+NOT_IMPLEMENTED = (b'{"error": {"message": "Call to collective_rpc method failed: Method \'pcc_extension\' is not '
+                   b'implemented.", "type": "InternalServerError", "param": null, "code": 500}}')
+
+
+def test_vllm_without_the_extension_cannot_read_a_tensor_back(tmp_path):
+    table = {"/collective_rpc": ("500 Internal Server Error", NOT_IMPLEMENTED)}
+    with Server(_routes(table, [])) as s:
+        with pytest.raises(NotServed, match="vLLM 0.32 returns no parameter values over HTTP"):
+            _engine(s.url, tmp_path, cls=VllmEngine).read_tensor("model.layers.0.mlp.down_proj.weight")
+
+
+def _extension(replies: list, seen: list):
+    """A vLLM server running pcc's worker extension: the probe answered, then `replies` in order (the rpc's
+    results, or a raw reply), every request body recorded in `seen`."""
+    def reply(conn, stop, req):
+        body = json.loads(_body(conn, req)[1] or b"{}")
+        seen.append(body.get("method"))
+        out = {"results": [{"pcc_worker_extension": 1}]} if body.get("method") == "pcc_extension" else replies.pop(0)
+        conn.sendall(_http("200 OK", json.dumps(out).encode()))
+
+    return reply
+
+
+@pytest.mark.parametrize("reply,error", [
+    ({"results": [{"dtype": "bfloat16", "shape": [2, 2], "data": "AAAA"}]}, "3 bytes for a bfloat16 tensor"),
+    ({"results": [{"dtype": "float32", "shape": [1], "data": "!!"}]}, "Only base64 data is allowed"),
+    ({"results": ["a string"]}, "not what pcc's worker extension sends"),
+    ({"results": [{"dtype": "Tensor", "shape": [], "data": ""}]}, "not a torch dtype"),
+])
+def test_a_malformed_read_back_is_an_engine_error(tmp_path, reply, error):
+    seen: list = []
+    with Server(_extension([reply], seen)) as s:
+        with pytest.raises(EngineError, match=error):
+            _engine(s.url, tmp_path, cls=VllmEngine).read_tensor("model.layers.0.mlp.down_proj.weight")
+    assert seen == ["pcc_extension", "pcc_read_parameter"]
+
+
+def test_a_sharded_or_missing_read_back_is_not_served(tmp_path):
+    two = {"results": [{"dtype": "float32", "shape": [], "data": "AAAAAA=="}] * 2}
+    missing = {"results": [{"missing": "model.layers.0.mlp has no tensor weight"}]}
+    with Server(_extension([two, missing], [])) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        with pytest.raises(NotServed, match="2 workers answered pcc_read_parameter"):
+            e.read_tensor("model.layers.0.mlp.down_proj.weight")
+        with pytest.raises(NotServed, match="cannot read .*: model.layers.0.mlp has no tensor weight"):
+            e.read_tensor("model.layers.0.mlp.down_proj.weight")
+
+
+def test_a_refusal_of_the_extension_is_a_refusal_and_the_server_resumed(tmp_path):
+    seen: list = []
+    refused = {"results": [{"refused": "version 1: tensor 'lm_head.weight' fails its sha256 (damaged)"}]}
+    pause, ok = {"status": "paused"}, {"status": "resumed"}
+    with Server(_extension([{"weight_version": "0"}, pause, refused, ok], seen)) as s:
+        e = _engine(s.url, tmp_path, cls=VllmEngine)
+        e.installed[1] = (Version(1, "full_weights", {}), tmp_path)
+        with pytest.raises(ActivationRefused, match=r"pcc_reload_weights .*: version 1: .* fails its sha256"):
+            e.activate(1)
+    assert seen == [None, None, "pcc_extension", "pcc_reload_weights", None]  # weight_info, pause, ..., resume
 
 
 @ENGINES
@@ -220,13 +287,8 @@ def test_a_vllm_server_without_dev_mode_says_so(tmp_path):
 
 def _adapter_server(loaded: set, calls: list):
     """vLLM's adapter endpoints as its serving.py answers them: a name it holds is refused (HTTP 400)."""
-    import json
-
     def reply(conn, stop, req):
-        head, _, body = req.partition(b"\r\n\r\n")
-        size = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
-        while len(body) < size:  # the body may come in a later packet
-            body += conn.recv(65536)
+        head, body = _body(conn, req)
         path = head.split(b" ", 2)[1].decode().split("?")[0]
         doc = json.loads(body or b"{}")
         calls.append((path, doc.get("lora_name")))
@@ -241,6 +303,8 @@ def _adapter_server(loaded: set, calls: list):
         elif path == "/v1/unload_lora_adapter":
             loaded.discard(doc["lora_name"])
             conn.sendall(_http("200 OK", b"Success"))
+        elif path == "/collective_rpc":  # no worker extension: the probe is vLLM's "not implemented"
+            conn.sendall(_http("500 Internal Server Error", NOT_IMPLEMENTED))
         else:
             conn.sendall(_http("200 OK", b'{"success": true}'))
 

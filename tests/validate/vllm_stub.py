@@ -183,7 +183,11 @@ def main(contract: str, model: str | None = None) -> None:
                 return error(404, f"The lora adapter '{req.lora_name}' cannot be found.")
             return 200, f"Success: LoRA adapter '{req.lora_name}' removed successfully."
         if path == "/collective_rpc":
-            if body.get("method") != "reload_weights" or set(body.get("kwargs", {})) != {"weights_path"}:
+            if body.get("method") != "reload_weights":  # no worker extension here: vLLM's answer to an unknown
+                # method (run_method's NotImplementedError, v1/engine/core.py _invoke_utility_method)
+                return 500, {"error": {"message": "Call to collective_rpc method failed: Method "
+                                       f"{body.get('method')!r} is not implemented.", "code": 500}}
+            if set(body.get("kwargs", {})) != {"weights_path"}:
                 raise BadRequest(f"this stub runs reload_weights(weights_path=...) only, not {body}")
             v = load_dir(Path(body["kwargs"]["weights_path"]), "full_weights", "model.safetensors")
             engine.install(v)

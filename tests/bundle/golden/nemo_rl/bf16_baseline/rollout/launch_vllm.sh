@@ -7,6 +7,8 @@ if [ ! -d "$PCC_ROLLOUT_CHECKPOINT" ]; then
   echo "launch_vllm.sh: rollout checkpoint '$PCC_ROLLOUT_CHECKPOINT' does not exist (set PCC_ROLLOUT_CHECKPOINT)" >&2
   exit 1
 fi
+# The modules pcc ships beside this script (its worker extension) before any other.
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 extra=()
 exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
@@ -16,4 +18,5 @@ exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOI
   --data-parallel-size 1 \
   --enable-expert-parallel \
   --enable-return-routed-experts \
+  --worker-extension-cls pcc_vllm_worker.PccWorkerExtension \
   ${extra[@]+"${extra[@]}"} "$@"

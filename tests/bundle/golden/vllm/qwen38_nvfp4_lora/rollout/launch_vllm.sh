@@ -12,6 +12,8 @@ if ! grep -Eqs '"quant_method"[[:space:]]*:[[:space:]]*"modelopt"' "$PCC_ROLLOUT
   exit 1
 fi
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+# The modules pcc ships beside this script (its worker extension) before any other.
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 extra=()
 if [ -n "${PCC_ADAPTER:-}" ]; then
   if [ ! -d "$PCC_ADAPTER" ]; then
@@ -32,4 +34,5 @@ exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOI
   --enable-lora \
   --max-lora-rank 16 \
   --lora-target-modules k_proj o_proj q_proj v_proj \
+  --worker-extension-cls pcc_vllm_worker.PccWorkerExtension \
   ${extra[@]+"${extra[@]}"} "$@"
