@@ -377,8 +377,8 @@ def rollout_layout(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if table is None:
         first, ref = list(keys.values())[:2]
         served = [e for e in ("vllm", "sglang") if engine_mixed(e) is not None]
-        rep.error("PCC312", f"rollout weights are quantized two ways ({first.rule.scheme} at {first.path}, "
-                  f"{ref.rule.scheme} here); one {plan.contract.rollout.engine} checkpoint has one "
+        rep.error("PCC312", f"rollout weights are quantized two ways ({first.scheme_name} at {first.path}, "
+                  f"{ref.scheme_name} here); one {plan.contract.rollout.engine} checkpoint has one "
                   "quantization_config", smap.find(ref.path), path=ref.path,
                   hint="use one scheme for every quantized rollout weight, or roll out with "
                        f"{' or '.join(served)}, which serves ModelOpt MIXED_PRECISION checkpoints (one scheme per "
@@ -399,7 +399,7 @@ def _mixed_members(plan: Plan, smap: SourceMap, rep: Reporter, table: dict) -> N
         if layout.modelopt_algo is None:
             why = table["refused"].get(layout.name, table["refused"]["other"])
             rep.error("PCC650", f"{engine} serves this rollout as a ModelOpt MIXED_PRECISION checkpoint, and "
-                      f"'{d.rule.scheme}' ({layout.name}) is no member it loads: {' '.join(why.split())}",
+                      f"'{d.scheme_name}' ({layout.name}) is no member it loads: {' '.join(why.split())}",
                       smap.find(d.path), path=d.path, hint="give these weights an FP8 per-tensor (fp8_tensor), "
                       "NVFP4 or W4A16 NVFP4 scheme, or keep them bf16")
     forms: dict[str, dict] = {}
