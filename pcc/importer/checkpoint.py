@@ -110,6 +110,7 @@ class Decided:
         self.scheme: dict[int, str] = {}
         self.defs: dict[str, dict] = {}
         self.kv: str | None = None
+        self.engine = "sglang"  # the rollout engine whose loader decided it (vLLM for ModelOpt MIXED_PRECISION)
 
 
 def import_checkpoint(source: str, model: str | None, hardware: str | None = None) -> Imported:
@@ -264,13 +265,11 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budg
         imp.warn("PCC804", "ModelOpt FP8 uses the checkpoint's calibrated input_scale; pcc's per-tensor FP8 scheme "
                  "states the grouping, not where the activation scale comes from", where + "quant_algo")
     elif algo == "MIXED_PRECISION":
-        raise ImportFailed(f"{file}: ModelOpt quant_algo 'MIXED_PRECISION': {_mixed(q.get('quantized_layers'))}; one "
-                           "rollout checkpoint pcc writes has one quantization scheme (PCC312), so this export imports "
-                           "as no contract", path=where + "quant_algo", file=file,
-                           hint="import a single-format export, or write the contract's rule for the one scheme you "
-                                "roll out (e.g. `experts : nvfp4`)")
+        from pcc.importer.modelopt_mixed import decide_mixed
+
+        return decide_mixed(q, catalog, imp, file, where, _SGLANG_LINEAR | {"lm_head"}, _define, Decided)
     else:
-        raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4 and FP8", path=where + "quant_algo",
+        raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4, FP8 and MIXED_PRECISION", path=where + "quant_algo",
                            file=file)
     d = Decided()
     paths = _Paths(catalog)
@@ -649,7 +648,7 @@ def rollout_rules(imp: Imported, catalog: Catalog, d: Decided) -> None:
     rules = component_rules(catalog, d.scheme, ["rollout"])
     if d.kv:
         rules.append({"components": ["rollout"], "patterns": ["kv_cache"], "scheme": d.kv})
-    imp.contract["rollout"] = {"engine": "sglang", "rules": rules}
+    imp.contract["rollout"] = {"engine": d.engine, "rules": rules}
     imp.decided = d  # what the source decides, for the exactness check in finish()
 
 
@@ -695,20 +694,3 @@ def _preset(name: str):
 def _rule_schemes(contract: dict) -> list[str]:
     return [r["scheme"] for sec in ("rollout", "trainer") for r in contract.get(sec, {}).get("rules", [])]
 
-
-def _mixed(layers) -> str:
-    """What a ModelOpt MIXED_PRECISION export's `quantized_layers` quantizes how: each algorithm with the module
-    kinds it covers (the names with their layer prefix dropped), e.g. "FP8 on linear_attn.in_proj_qkv, ...;
-    W4A16_NVFP4 on mlp.experts, ...". Bounded: a few kinds per algorithm."""
-    import re
-
-    if not isinstance(layers, dict) or not layers:
-        return "no quantized_layers to say which module is which format"
-    kinds: dict[str, list[str]] = {}
-    for name, spec in layers.items():
-        algo = str(spec.get("quant_algo")) if isinstance(spec, dict) else repr(spec)
-        kind = re.sub(r"^.*?\blayers\.\d+\.", "", str(name))
-        if kind not in kinds.setdefault(algo, []):
-            kinds[algo].append(kind)
-    parts = [f"{algo} on {', '.join(k[:6])}{', ...' if len(k) > 6 else ''}" for algo, k in sorted(kinds.items())]
-    return f"its quantized_layers mix {len(kinds)} formats ({'; '.join(parts)})" if len(kinds) > 1 else parts[0]

@@ -214,3 +214,37 @@ def test_vllm_decides_every_qwen3_6_module_as_the_plan(tmp_path):
     assert want["model.language_model.layers.0.linear_attn.in_proj_ba"] == {None}
     assert want["model.language_model.layers.2.mlp.experts"] == {None}
     assert want["model.language_model.layers.2.mlp.shared_expert.gate_up_proj"] == {"W4A16_NVFP4"}
+
+
+@pytest.mark.engines
+def test_vllm_reads_the_published_qwen3_6_export_and_pcc_regenerated_config_alike(tmp_path):
+    """NVIDIA's NVFP4 Qwen3.6-35B-A3B, imported (`pcc import checkpoint`) and compiled back: vLLM's own config class
+    resolves every module the same quant_algo (or none) under the published config.json and hf_quant_config.json as
+    under pcc's two files. The KV cache: the published config.json sets none (vLLM reads it first), its
+    hf_quant_config.json FP8 (PCC806 at import)."""
+    from pcc.importer import import_source
+
+    d = tmp_path / "q36"
+    d.mkdir()
+    for suffix in ("config.json", "hf_quant_config.json"):
+        (d / suffix).write_bytes((PUBLISHED / f"nvidia--Qwen3.6-35B-A3B-NVFP4.{suffix}").read_bytes())
+    imp = import_source("checkpoint", str(d))
+    path = tmp_path / "imported.prec"
+    path.write_text(imp.text(), encoding="utf-8")
+    c = compile_file(str(path))
+    assert c.ok, [x.render() for x in c.diagnostics if x.is_error]
+    plan = c.plan
+    packed = _packed(_vllm_dir(), "qwen3_5.py", "Qwen3_5ForCausalLMBase")
+    want = vllm_modules(plan, packed)
+    prefixes = list(want) + ["language_model.model." + p.removeprefix("model.language_model.") for p in want
+                             if p.startswith("model.language_model.")]
+    published = [json.loads((d / "config.json").read_text())["quantization_config"],
+                 json.loads((d / "hf_quant_config.json").read_text())]
+    ours = [quantization_config(plan), hf_quant_config(plan)]
+    got = _vllm_decisions({"packed": packed, "configs": published + ours, "prefixes": prefixes})
+    assert got[0]["algo"] == got[1]["algo"] == got[2]["algo"] == got[3]["algo"]
+    assert [g["kv"] for g in got] == [None, "FP8", None, None]
+    for p, algos in want.items():  # and they are the Plan's
+        assert got[2]["algo"][p] == next(iter(algos)), p
+    seen = {a for a in got[0]["algo"].values()}
+    assert seen == {"FP8", "W4A16_NVFP4", None}
