@@ -248,3 +248,14 @@ def test_vllm_reads_the_published_qwen3_6_export_and_pcc_regenerated_config_alik
         assert got[2]["algo"][p] == next(iter(algos)), p
     seen = {a for a in got[0]["algo"].values()}
     assert seen == {"FP8", "W4A16_NVFP4", None}
+
+
+def test_the_shipped_contract_regenerates_nvidias_quantized_layers():
+    """contracts/vllm/qwen36_mixed_nvfp4.prec on the built-in qwen3_5_35b_a3b: the published export's
+    `quantized_layers` and FP8 config group, entry for entry."""
+    c = compile_file(str(ROOT / "contracts" / "vllm" / "qwen36_mixed_nvfp4.prec"))
+    assert c.ok, [x.render() for x in c.diagnostics if x.is_error]
+    ours = quantization_config(c.plan)
+    published = json.loads((PUBLISHED / "nvidia--Qwen3.6-35B-A3B-NVFP4.config.json").read_text())["quantization_config"]
+    assert ours["quantized_layers"] == published["quantized_layers"]
+    assert ours["config_groups"]["group_0"] == published["config_groups"]["group_0"]
