@@ -3,7 +3,8 @@
 SOURCE is a checkpoint directory (config.json's `quantization_config`, else
 hf_quant_config.json), a config.json, an hf_quant_config.json, or a bare
 `quantization_config` object. The method decides whose matching rules apply (matching.py);
-the operators they quantize become `rollout sglang { <families> : S  keep bf16 : <exceptions> }`,
+the operators they quantize become `rollout sglang { <families> : S  keep bf16 : <exceptions> }`
+(`rollout vllm` for a ModelOpt MIXED_PRECISION export, which vLLM serves: modelopt_mixed.py),
 proved exact against pcc's own resolver before anything is written.
 """
 
@@ -33,7 +34,7 @@ from pcc.plan.patterns import LINEAR
 _SGLANG_LINEAR = set(LINEAR)
 # A ModelOpt entry without regex syntax (`.` is escaped, so it is literal): it fullmatches only itself.
 _LITERAL = re.compile(r"[^\\^$*+?{}\[\]|()]*")
-SUPPORTED = "fp8 / mxfp8 (block or per-tensor), compressed-tensors, modelopt (NVFP4, FP8), mxfp4 (gpt-oss)"
+SUPPORTED = "fp8 / mxfp8 (block or per-tensor), compressed-tensors, modelopt (NVFP4, FP8, MIXED_PRECISION), mxfp4 (gpt-oss)"
 
 
 def read_quant_config(source: str) -> tuple[dict, str, str | None]:
