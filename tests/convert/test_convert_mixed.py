@@ -155,3 +155,68 @@ def test_nvfp4_members_are_nvfp4_by_definition(converted, name):
     bound = (np.maximum(0.25 * d, np.abs(x) / 4) + np.maximum(np.abs(x) - 6 * d, 0)) * (1 + 2**-20)
     assert (err <= bound).all()
     assert (name + ".input_scale" in out) == (name == "lm_head")
+
+
+# -- Qwen3.6's architecture as NVIDIA's MIXED_PRECISION export quantizes it -------------------------------------
+
+QWEN3_5 = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=256,
+               num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, moe_intermediate_size=128,
+               shared_expert_intermediate_size=128, num_experts=4, num_experts_per_tok=2, linear_num_key_heads=2,
+               linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+               layer_types=["linear_attention", "full_attention"])
+QWEN3_5_CONTRACT = """contract mixed-qwen3-5 {{
+  model from "{src}"
+  hardware B200
+  scheme nvfp4_w4a16 = nvfp4 weights group 16
+  rollout vllm {{
+    linear, lm_head : nvfp4_w4a16
+    attn : fp8_tensor
+  }}
+  routing replay rollout
+}}
+"""
+
+
+@torch.no_grad()
+def test_qwen3_5_moe_converts_as_nvidias_mixed_export(tmp_path, capsys):
+    """A random-weight Qwen3.5-MoE (transformers' Qwen3_5MoeForConditionalGeneration, saved by save_pretrained) under
+    the rules `pcc import checkpoint` writes for NVIDIA's Qwen3.6 export: FP8 attention and gated-delta-net projections
+    (in_proj_qkv, in_proj_z, out_proj), W4A16 NVFP4 routed and shared experts and lm_head; in_proj_a/b, conv1d,
+    routers, norms and embeddings the source's BF16. No calibration runs for this architecture (pcc.runtime builds no
+    qwen3_5_moe), so the FP8 input scales are 1.0, counted and warned."""
+    torch.manual_seed(0)
+    text = transformers.Qwen3_5MoeTextConfig(**QWEN3_5)
+    vision = transformers.Qwen3_5MoeVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 out_hidden_size=256, patch_size=4, num_position_embeddings=16)
+    cfg = transformers.Qwen3_5MoeConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                        tie_word_embeddings=False)
+    model = transformers.AutoModelForImageTextToText.from_config(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(str(tmp_path / "src"))
+    contract = tmp_path / "c.prec"
+    contract.write_text(QWEN3_5_CONTRACT.format(src=tmp_path / "src"), encoding="utf-8")
+    assert main(["convert", str(contract), "--from", str(tmp_path / "src"), "--to", str(tmp_path / "out")]) == 0
+    assert "WARNING" in capsys.readouterr().err
+    src, out = _load(tmp_path / "src"), _load(tmp_path / "out")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    lm = "model.language_model.layers."
+    assert {k.removeprefix(lm + "0."): v["quant_algo"] for k, v in qc["quantized_layers"].items()
+            if k.startswith(lm + "0.")} == {
+        "linear_attn.in_proj_qkv": "FP8", "linear_attn.in_proj_z": "FP8", "linear_attn.out_proj": "FP8",
+        "mlp.experts": "W4A16_NVFP4", "mlp.shared_expert.gate_proj": "W4A16_NVFP4",
+        "mlp.shared_expert.up_proj": "W4A16_NVFP4", "mlp.shared_expert.down_proj": "W4A16_NVFP4"}
+    assert qc["quantized_layers"][lm + "1.self_attn.q_proj"] == {"quant_algo": "FP8"}
+    for name in (lm + "0.linear_attn.in_proj_qkv", lm + "1.self_attn.o_proj"):
+        x, s = _np(src[name + ".weight"]), np.float32(out[name + ".weight_scale"])
+        value = out[name + ".weight"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32) * s
+        assert (np.abs(value - x) <= np.maximum(np.abs(x) * 2**-4, s * 2**-10) * (1 + 2**-20)).all(), name
+        assert float(out[name + ".input_scale"]) == 1.0
+    name = lm + "1.mlp.shared_expert.down_proj"
+    x = _np(src[name + ".weight"])
+    codes, s_b, ws2 = _nvfp4(x, np.float32(np.abs(x).max()))
+    assert np.array_equal(_unpack(out[name + ".weight"].numpy(), x.shape[1]), codes)
+    assert name + ".input_scale" not in out
+    for wide in (lm + "0.linear_attn.in_proj_a.weight", lm + "0.linear_attn.conv1d.weight", lm + "1.mlp.gate.weight",
+                 "model.language_model.embed_tokens.weight"):
+        assert torch.equal(out[wide], src[wide]), wide
+    assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(tmp_path / "src"),
+                 "--full"]) == 0
