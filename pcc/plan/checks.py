@@ -374,15 +374,19 @@ def rollout_layout(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     if len(keys) < 2:
         return
     table = engine_mixed(plan.contract.rollout.engine)
-    if table is None:
+    ops = plan.catalog.operators
+    members = [d for d, idx in plan.used("rollout") if not d.scheme.wide and any(
+        plan.layouts[i] is not None and plan.layouts[i].modelopt_algo for i in idx if ops[i].family != "kv_cache")]
+    if table is None or not members:  # no engine serves the mix, or none of its schemes is a ModelOpt member
         first, ref = list(keys.values())[:2]
         served = [e for e in ("vllm", "sglang") if engine_mixed(e) is not None]
+        where = "with these schemes" if table else f"with {' or '.join(served)}, which serves"
         rep.error("PCC312", f"rollout weights are quantized two ways ({first.scheme_name} at {first.path}, "
                   f"{ref.scheme_name} here); one {plan.contract.rollout.engine} checkpoint has one "
                   "quantization_config", smap.find(ref.path), path=ref.path,
-                  hint="use one scheme for every quantized rollout weight, or roll out with "
-                       f"{' or '.join(served)}, which serves ModelOpt MIXED_PRECISION checkpoints (one scheme per "
-                       "module: FP8 per tensor with static activations, NVFP4, W4A16 NVFP4)")
+                  hint=f"use one scheme for every quantized rollout weight, or roll out {where} ModelOpt "
+                       "MIXED_PRECISION checkpoints, one scheme per module: FP8 per tensor with static activations "
+                       "(fp8_tensor), NVFP4, W4A16 NVFP4 (nvfp4 weights group 16)")
         return
     _mixed_members(plan, smap, rep, table)
 

@@ -52,6 +52,15 @@ def test_sglang_keeps_one_scheme_and_names_the_engine_that_serves_mixed(tmp_path
     assert "vllm" in err.hint and "MIXED_PRECISION" in err.hint
 
 
+def test_a_mix_of_no_modelopt_member_stays_pcc312_on_vllm(tmp_path):
+    """Compressed-tensors INT4 beside block FP8: vLLM's mixed config holds neither, so one checkpoint, one scheme."""
+    path = tmp_path / "c.prec"
+    path.write_text("contract c {\n  model qwen3_30b_a3b\n  hardware H100\n  rollout vllm {\n    experts : int4_g128\n"
+                    "    attn : fp8_block\n  }\n  routing replay rollout\n}\n", encoding="utf-8")
+    errors = _errors(compile_file(str(path)))
+    assert set(errors) == {"PCC312"} and "with these schemes" in errors["PCC312"].hint
+
+
 def test_block_fp8_member_is_refused_with_vllms_reason(tmp_path):
     c = _contract(tmp_path, extra="\n    lm_head : fp8_block")
     err = _errors(c)["PCC650"]
