@@ -100,7 +100,7 @@ def shared(plan, targets: dict[str, str], values: dict) -> dict:
     out = dict(values)
     for t in plan.rollout_tensors:
         group = (t or {}).get("scale_group")
-        if group and all(targets[m] in values for m in group):
+        if group and all(targets.get(m) in values for m in group):  # W4A16 NVFP4 members have no input_scale
             top = max((values[targets[m]] for m in group), key=float)
             out.update({targets[m]: top for m in group})
     return out

@@ -61,12 +61,12 @@ def _warn_input_scales(summary: dict) -> None:
     """Loud on stderr (also with --json): SGLang quantizes NVFP4 activations with these static scales."""
     n = summary.get("uncalibrated_input_scales")
     if n:
-        print(f"pcc convert: WARNING: {n} of {summary['input_scales']} NVFP4 input_scale tensor(s) written as 1.0, "
+        print(f"pcc convert: WARNING: {n} of {summary['input_scales']} static input_scale tensor(s) written as 1.0, "
               f"NOT calibrated ({summary['uncalibrated_reason']}). SGLang quantizes activations with this static "
               "scale: calibrate (--calibrate, or a ModelOpt-calibrated source whose input_scale tensors are "
               "carried over) before serving. docs/convert.md, 'Input scales'.", file=sys.stderr)
     elif summary.get("calibrated_input_scales"):
-        print(f"pcc convert: calibrated {summary['calibrated_input_scales']} NVFP4 input_scale tensor(s) on "
+        print(f"pcc convert: calibrated {summary['calibrated_input_scales']} static input_scale tensor(s) on "
               f"{summary['calibration_batch']} in {summary['calibration_seconds']} s", file=sys.stderr)
 
 

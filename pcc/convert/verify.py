@@ -127,7 +127,7 @@ def _input_scales(doc: dict, out, report) -> tuple[int, list[dict]]:
     if not ones:
         return 0, []
     return len(ones), [{"family": "input_scale", "tensor": ones[0], "count": len(ones),
-                        "message": f"1.0: uncalibrated ({len(ones)} of {len(names)} NVFP4 input_scale tensors); "
+                        "message": f"1.0: uncalibrated ({len(ones)} of {len(names)} static input_scale tensors); "
                                    "SGLang quantizes activations with this static scale: convert with --calibrate "
                                    "or from a ModelOpt-calibrated source (docs/convert.md, 'Input scales')"}]
 

@@ -3,7 +3,8 @@
 SOURCE is a checkpoint directory (config.json's `quantization_config`, else
 hf_quant_config.json), a config.json, an hf_quant_config.json, or a bare
 `quantization_config` object. The method decides whose matching rules apply (matching.py);
-the operators they quantize become `rollout sglang { <families> : S  keep bf16 : <exceptions> }`,
+the operators they quantize become `rollout sglang { <families> : S  keep bf16 : <exceptions> }`
+(`rollout vllm` for a ModelOpt MIXED_PRECISION export, which vLLM serves: modelopt_mixed.py),
 proved exact against pcc's own resolver before anything is written.
 """
 
@@ -21,10 +22,10 @@ from pcc.importer import Imported, ImportFailed, contract_name, read_json
 from pcc.importer.bounds import MAX_INT, Budget, count, kind_of, names, pattern, said
 from pcc.importer.matching import (_MLA_FUSED_PARTS, FusedDisagreement, SglangModule, _modelopt_regex, ct_classes,
                                    ct_match_name, ct_matched_targets, modelopt_excluded, modelopt_exclusions,
-                                   module_name, normalized_fp8_ignores, sglang_module, sglang_skipped)
+                                   module_name, normalized_fp8_ignores, sglang_module, sglang_skipped, uncataloged)
 from pcc.importer.rules import component_rules, scheme_name
 from pcc.models import Catalog
-from pcc.models.base import inside, lm_config
+from pcc.models.base import inside
 from pcc.plan.patterns import LINEAR
 
 # Families SGLang's fp8/modelopt/mxfp4 loaders can quantize (LinearBase and FusedMoE modules;
@@ -33,7 +34,7 @@ from pcc.plan.patterns import LINEAR
 _SGLANG_LINEAR = set(LINEAR)
 # A ModelOpt entry without regex syntax (`.` is escaped, so it is literal): it fullmatches only itself.
 _LITERAL = re.compile(r"[^\\^$*+?{}\[\]|()]*")
-SUPPORTED = "fp8 / mxfp8 (block or per-tensor), compressed-tensors, modelopt (NVFP4, FP8), mxfp4 (gpt-oss)"
+SUPPORTED = "fp8 / mxfp8 (block or per-tensor), compressed-tensors, modelopt (NVFP4, FP8, MIXED_PRECISION), mxfp4 (gpt-oss)"
 
 
 def read_quant_config(source: str) -> tuple[dict, str, str | None]:
@@ -110,6 +111,7 @@ class Decided:
         self.scheme: dict[int, str] = {}
         self.defs: dict[str, dict] = {}
         self.kv: str | None = None
+        self.engine = "sglang"  # the rollout engine whose loader decided it (vLLM for ModelOpt MIXED_PRECISION)
 
 
 def import_checkpoint(source: str, model: str | None, hardware: str | None = None) -> Imported:
@@ -264,13 +266,11 @@ def _modelopt(qc: dict, catalog: Catalog, imp: Imported, file: str, budget: Budg
         imp.warn("PCC804", "ModelOpt FP8 uses the checkpoint's calibrated input_scale; pcc's per-tensor FP8 scheme "
                  "states the grouping, not where the activation scale comes from", where + "quant_algo")
     elif algo == "MIXED_PRECISION":
-        raise ImportFailed(f"{file}: ModelOpt quant_algo 'MIXED_PRECISION': {_mixed(q.get('quantized_layers'))}; one "
-                           "rollout checkpoint pcc writes has one quantization scheme (PCC312), so this export imports "
-                           "as no contract", path=where + "quant_algo", file=file,
-                           hint="import a single-format export, or write the contract's rule for the one scheme you "
-                                "roll out (e.g. `experts : nvfp4`)")
+        from pcc.importer.modelopt_mixed import decide_mixed
+
+        return decide_mixed(q, catalog, imp, file, where, _SGLANG_LINEAR | {"lm_head"}, _define, Decided)
     else:
-        raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4 and FP8", path=where + "quant_algo",
+        raise ImportFailed(f"{file}: ModelOpt quant_algo {algo!r}: pcc imports NVFP4, FP8 and MIXED_PRECISION", path=where + "quant_algo",
                            file=file)
     d = Decided()
     paths = _Paths(catalog)
@@ -652,24 +652,11 @@ def _unmatched_sglang(imp: Imported, paths: _Paths, catalog: Catalog, entries: l
         with _timed(budget if modelopt else None, f"{key}[{k}]", e):
             hit = any(paths.path_match(f.removeprefix("model.")) or paths.path_match(f) or (
                 modelopt and paths.glob_match(f, parts=True)) for f in forms)
-        if not hit and not _uncataloged(e, catalog.config):
+        if not hit and not uncataloged(e, catalog.config):
             imp.warn("PCC802", f"{key}[{k}] {e!r} matches no module of {catalog.name}", f"{key}[{k}]",
                      hint="SGLang matches whole dotted names (or, for ModelOpt, '*' globs over the whole name or "
                           "one dotted part); the entry excludes nothing")
 
-
-_UNCATALOGED = re.compile(r"(?:model\.)?(?P<vision>visual|vision_tower|vision_model)(?:[.*]|$)|(?P<mtp>mtp)(?:[.*]|$)")
-
-
-def _uncataloged(entry: str, config: dict) -> bool:
-    """The entry names the vision tower of a config with a vision_config, or the MTP layer(s) of a config with
-    mtp_num_hidden_layers: parts of the checkpoint no catalog lists (pcc/models/builtin.py)."""
-    m = _UNCATALOGED.match(entry)
-    if m is None:
-        return False
-    if m.group("vision"):
-        return isinstance(config.get("vision_config"), dict)
-    return bool(lm_config(config).get("mtp_num_hidden_layers"))
 
 
 def _expert_entries(imp: Imported, catalog: Catalog, ignored: _Listed, entries: _Listed, key: str) -> None:
@@ -688,7 +675,7 @@ def rollout_rules(imp: Imported, catalog: Catalog, d: Decided) -> None:
     rules = component_rules(catalog, d.scheme, ["rollout"])
     if d.kv:
         rules.append({"components": ["rollout"], "patterns": ["kv_cache"], "scheme": d.kv})
-    imp.contract["rollout"] = {"engine": "sglang", "rules": rules}
+    imp.contract["rollout"] = {"engine": d.engine, "rules": rules}
     imp.decided = d  # what the source decides, for the exactness check in finish()
 
 
@@ -734,20 +721,3 @@ def _preset(name: str):
 def _rule_schemes(contract: dict) -> list[str]:
     return [r["scheme"] for sec in ("rollout", "trainer") for r in contract.get(sec, {}).get("rules", [])]
 
-
-def _mixed(layers) -> str:
-    """What a ModelOpt MIXED_PRECISION export's `quantized_layers` quantizes how: each algorithm with the module
-    kinds it covers (the names with their layer prefix dropped), e.g. "FP8 on linear_attn.in_proj_qkv, ...;
-    W4A16_NVFP4 on mlp.experts, ...". Bounded: a few kinds per algorithm."""
-    import re
-
-    if not isinstance(layers, dict) or not layers:
-        return "no quantized_layers to say which module is which format"
-    kinds: dict[str, list[str]] = {}
-    for name, spec in layers.items():
-        algo = str(spec.get("quant_algo")) if isinstance(spec, dict) else repr(spec)
-        kind = re.sub(r"^.*?\blayers\.\d+\.", "", str(name))
-        if kind not in kinds.setdefault(algo, []):
-            kinds[algo].append(kind)
-    parts = [f"{algo} on {', '.join(k[:6])}{', ...' if len(k) > 6 else ''}" for algo, k in sorted(kinds.items())]
-    return f"its quantized_layers mix {len(kinds)} formats ({'; '.join(parts)})" if len(kinds) > 1 else parts[0]

@@ -30,6 +30,7 @@ from functools import lru_cache
 
 from pcc.lang.diagnostics import PccError
 from pcc.models import Catalog, Operator
+from pcc.models.base import lm_config
 
 # SGLang fused module -> its checkpoint shards (utils.py _FALLBACK_FUSED_SHARDS, the DeepSeek model's
 # packed_modules_mapping for MLA, and Qwen3.5's for its Gated DeltaNet layers: targets/sglang.yaml
@@ -170,3 +171,18 @@ def ct_matched_targets(name: str, classes: tuple[str, ...], targets: list[str]) 
     out += [t for t in ordered if t in classes and t not in out]
     return out
 
+
+# -- parts of a checkpoint no catalog lists -----------------------------------------------------------
+
+_UNCATALOGED = re.compile(r"(?:model\.)?(?P<vision>visual|vision_tower|vision_model)(?:[.*]|$)|(?P<mtp>mtp)(?:[.*]|$)")
+
+
+def uncataloged(entry: str, config: dict) -> bool:
+    """The entry names the vision tower of a config with a vision_config, or the MTP layer(s) of a config with
+    mtp_num_hidden_layers: parts of the checkpoint no catalog lists (pcc/models/builtin.py)."""
+    m = _UNCATALOGED.match(entry)
+    if m is None:
+        return False
+    if m.group("vision"):
+        return isinstance(config.get("vision_config"), dict)
+    return bool(lm_config(config).get("mtp_num_hidden_layers"))

@@ -106,6 +106,8 @@ CODES: dict[str, Code] = {
     "PCC636": Code("error", "LoRA NeMo RL's Megatron policy cannot express"),
     "PCC637": Code("warning", "an engine flag vLLM's CPU build refuses"),
     "PCC638": Code("warning", "a full-weights sync into a MoE model on vLLM's CPU build"),
+    "PCC650": Code("error", "a scheme no ModelOpt MIXED_PRECISION member holds"),
+    "PCC651": Code("error", "one engine module in two formats of a mixed checkpoint"),
     "PCC640": Code("error", "a trainer precision torchao cannot train"),
     "PCC641": Code("error", "trainer state FSDP2 cannot hold"),
     "PCC642": Code("error", "LoRA the FSDP trainer cannot apply"),

@@ -8,7 +8,9 @@ the KV cache is separate. Loaders matched (sgl-project/sglang, python/sglang/srt
   nvfp4        -> modelopt_quant.py `ModelOptFp4Config.from_config` (flat form reads `ignore`)
   int4 W4A16   -> compressed_tensors/compressed_tensors.py (format "pack-quantized")
 What each layout's config holds is its class's (pcc.plan.layouts); this module picks the one
-layout of the checkpoint and its exclusions. Torch-free: `pcc compile` imports this.
+layout of the checkpoint and its exclusions. A rollout of several schemes for an engine that serves
+ModelOpt MIXED_PRECISION (pcc.plan.mixed) is the "mixed" checkpoint: its config is per module
+(`mixed_config`, in the form of NVIDIA's exports). Torch-free: `pcc compile` imports this.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pcc.contract.model import Scheme
 from pcc.lower import Unsupported
 from pcc.plan import Plan
 from pcc.plan.layouts import Layout, named
+from pcc.plan.mixed import is_mixed
 
 # Families whose wide tensors are not linear modules any loader would quantize.
 _NOT_MODULES = ("norm", "kv_cache")
@@ -37,6 +40,8 @@ def checkpoint_layout(plan: Plan) -> Layout:
     """The one quantized layout of the plan's rollout weights (the Plan's `layouts`), or the wide one;
     PCC608 on the rule whose scheme no layout stores, or when they have several (one SGLang checkpoint
     holds one format)."""
+    if is_mixed(plan):
+        return named("mixed")
     ops = plan.catalog.operators
     found: dict[Layout, str | None] = {}
     for d, idx in plan.used("rollout"):
@@ -124,9 +129,62 @@ def rollout_scheme(plan: Plan) -> Scheme | None:
 
 def quantization_config(plan: Plan) -> dict | None:
     """config.json's `quantization_config` for the rollout checkpoint; None when rollout is wide."""
-    return checkpoint_layout(plan).quantization_config(rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan))
+    layout = checkpoint_layout(plan)
+    if layout.members:
+        return mixed_config(plan)
+    return layout.quantization_config(rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan))
 
 
 def hf_quant_config(plan: Plan) -> dict | None:
-    """ModelOpt's separate hf_quant_config.json (nested form), written beside NVFP4 checkpoints."""
-    return checkpoint_layout(plan).hf_quant_config(skip_list(plan), kv_cache_algo(plan))
+    """ModelOpt's separate hf_quant_config.json (nested form), written beside NVFP4 and mixed checkpoints."""
+    layout = checkpoint_layout(plan)
+    if layout.members:
+        flat = mixed_config(plan)
+        return {"producer": flat["producer"], "quantization": {
+            "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": kv_cache_algo(plan),
+            "quantized_layers": flat["quantized_layers"], "exclude_modules": flat["ignore"]}}
+    return layout.hf_quant_config(skip_list(plan), kv_cache_algo(plan))
+
+
+# A member's config_groups entry (ModelOpt's export writes one group per algorithm beside quantized_layers;
+# vLLM reads quantized_layers only): its weights and, where the GEMM quantizes them, its input activations.
+_GROUP = {"FP8": ({"dynamic": False, "num_bits": 8, "type": "float"}, True),
+          "NVFP4": ({"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}, True),
+          "W4A16_NVFP4": ({"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}, False)}
+
+
+def mixed_config(plan: Plan) -> dict:
+    """config.json's ModelOpt MIXED_PRECISION `quantization_config`, as NVIDIA's exports write it
+    (tests/models/published): `quantized_layers` keyed by checkpoint module names (a fused projection by
+    each shard, as vLLM's `_resolve_quant_algo` resolves them; a layer's routed experts by `...mlp.experts`),
+    one `config_groups` entry per algorithm, `ignore` the layers whose routed experts stay wide (vLLM would
+    otherwise resolve them from a quantized sibling under the same `mlp.`, its RoutedExperts fallback), and
+    the KV cache in `kv_cache_scheme` (the flat form's only KV field vLLM reads)."""
+    ops, layers, wide_experts = plan.catalog.operators, {}, []
+    for i, op in enumerate(ops):
+        x = plan.layouts[i]
+        if op.family == "kv_cache" or not op.tensor.endswith(".weight"):
+            continue
+        experts = op.tensor.split(".experts.")[0] + ".experts" if op.family.startswith("experts.") else None
+        if x is None or not x.quantized:
+            if experts and experts not in wide_experts:
+                wide_experts.append(experts)
+            continue
+        entry = {"quant_algo": x.modelopt_algo}
+        if x.modelopt_algo != "FP8":
+            entry["group_size"] = 16
+        layers.setdefault(experts or op.tensor[: -len(".weight")], entry)
+    groups: dict[str, dict] = {}
+    for name, entry in layers.items():
+        spec, acts = _GROUP[entry["quant_algo"]]
+        g = groups.setdefault(entry["quant_algo"], {"input_activations": spec if acts else None, "weights": spec,
+                                                    "targets": []})
+        g["targets"].append(name)
+    cfg = {"config_groups": {f"group_{k}": {**g, "targets": sorted(g["targets"])}
+                             for k, g in enumerate(groups.values())},
+           "quantized_layers": layers, "ignore": wide_experts, "quant_algo": "MIXED_PRECISION",
+           "producer": {"name": "pcc"}, "quant_method": "modelopt"}
+    kv = kv_cache_algo(plan)
+    if kv:
+        cfg["kv_cache_scheme"] = {"type": "float", "num_bits": 8 if kv == "FP8" else 4, "dynamic": False}
+    return cfg

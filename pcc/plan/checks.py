@@ -11,6 +11,7 @@ from typing import Callable
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.plan.capabilities import gemm_support, hardware_table, supported_on
+from pcc.plan.mixed import engine_mixed, module_of, quantized_keys
 from pcc.plan.resolve import DEFAULT, Plan
 
 CHECKS: list[Callable[[Plan, SourceMap, Reporter], None]] = []
@@ -367,21 +368,58 @@ def sglang_state(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
 @check
 def rollout_layout(plan: Plan, smap: SourceMap, rep: Reporter) -> None:
     """PCC312: the rollout checkpoint carries one quantization_config, so every quantized rollout
-    weight shares one format, grouping, scale dtype, symmetry and scale rule."""
+    weight shares one format, grouping, scale dtype, symmetry and scale rule; unless the rollout engine
+    serves ModelOpt MIXED_PRECISION (pcc.plan.mixed), where PCC650/PCC651 say what that form cannot hold."""
+    keys = quantized_keys(plan)
+    if len(keys) < 2:
+        return
+    table = engine_mixed(plan.contract.rollout.engine)
     ops = plan.catalog.operators
-    first = None
+    members = [d for d, idx in plan.used("rollout") if not d.scheme.wide and any(
+        plan.layouts[i] is not None and plan.layouts[i].modelopt_algo for i in idx if ops[i].family != "kv_cache")]
+    if table is None or not members:  # no engine serves the mix, or none of its schemes is a ModelOpt member
+        first, ref = list(keys.values())[:2]
+        served = [e for e in ("vllm", "sglang") if engine_mixed(e) is not None]
+        where = "with these schemes" if table else f"with {' or '.join(served)}, which serves"
+        rep.error("PCC312", f"rollout weights are quantized two ways ({first.scheme_name} at {first.path}, "
+                  f"{ref.scheme_name} here); one {plan.contract.rollout.engine} checkpoint has one "
+                  "quantization_config", smap.find(ref.path), path=ref.path,
+                  hint=f"use one scheme for every quantized rollout weight, or roll out {where} ModelOpt "
+                       "MIXED_PRECISION checkpoints, one scheme per module: FP8 per tensor with static activations "
+                       "(fp8_tensor), NVFP4, W4A16 NVFP4 (nvfp4 weights group 16)")
+        return
+    _mixed_members(plan, smap, rep, table)
+
+
+def _mixed_members(plan: Plan, smap: SourceMap, rep: Reporter, table: dict) -> None:
+    """PCC650: a quantized rollout scheme with no MIXED_PRECISION member form the engine loads;
+    PCC651: one engine module (fused projections, a layer's routed experts) in two forms."""
+    ops, engine = plan.catalog.operators, plan.contract.rollout.engine
     for d, idx in plan.used("rollout"):
-        ref, spec = d.rule, d.scheme
-        if spec.wide or all(ops[i].family == "kv_cache" for i in idx):
+        weights = [i for i in idx if ops[i].family != "kv_cache"]
+        if d.scheme.wide or not weights or plan.layouts[weights[0]] is None:
             continue
-        key = (spec.format, spec.weights, spec.scale, spec.symmetric, spec.scale_rule)
-        if first is None:
-            first = (key, ref)
-        elif first[0] != key:
-            other = first[1]
-            rep.error("PCC312", f"rollout weights are quantized two ways ({other.rule.scheme} at {other.path}, "
-                      f"{ref.rule.scheme} here); one checkpoint has one quantization_config",
-                      smap.find(ref.path), path=ref.path, hint="use one scheme for every quantized rollout weight")
+        layout = plan.layouts[weights[0]]
+        if layout.modelopt_algo is None:
+            why = table["refused"].get(layout.name, table["refused"]["other"])
+            rep.error("PCC650", f"{engine} serves this rollout as a ModelOpt MIXED_PRECISION checkpoint, and "
+                      f"'{d.scheme_name}' ({layout.name}) is no member it loads: {' '.join(why.split())}",
+                      smap.find(d.path), path=d.path, hint="give these weights an FP8 per-tensor (fp8_tensor), "
+                      "NVFP4 or W4A16 NVFP4 scheme, or keep them bf16")
+    forms: dict[str, dict] = {}
+    for i, op in enumerate(ops):
+        if op.family != "kv_cache" and op.tensor.endswith(".weight"):
+            x = plan.layouts[i]
+            forms.setdefault(module_of(op.tensor), {}).setdefault(x.name if x else "wide", i)
+    for module, seen in forms.items():
+        if len(seen) > 1:
+            i = list(seen.values())[-1]
+            path = plan.decision("rollout", i).path
+            rep.error("PCC651", f"{module}: {engine} loads {', '.join(ops[j].tensor for j in seen.values())} as one "
+                      f"module, here in {' and '.join(seen)}; ModelOpt MIXED_PRECISION gives a module one quant_algo "
+                      "(vLLM raises 'Mixed quant_algo within fused layer', and one layer's routed experts are one "
+                      "FusedMoE)", smap.find(path), path=path, hint="give the module's members one scheme")
+            return
 
 
 @check

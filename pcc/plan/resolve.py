@@ -21,7 +21,8 @@ from pcc.contract.scheme import PRESETS, lookup
 from pcc.lang.build import SourceMap
 from pcc.lang.diagnostics import Reporter, did_you_mean
 from pcc.models import Catalog
-from pcc.plan.layouts import Layout, layout_of
+from pcc.plan.layouts import Layout, layout_of, named
+from pcc.plan.mixed import is_mixed
 from pcc.plan.patterns import NON_GEMM, Pattern, PatternError, parse_pattern
 from pcc.plan.tensors import nbytes, sync_size, tensor_targets
 
@@ -151,8 +152,15 @@ class Plan:
     def layouts(self) -> tuple[Layout | None, ...]:
         """Per operator, its rollout checkpoint layout (pcc.plan.layouts), decided once here; None for
         the KV cache and for a scheme no checkpoint layout stores."""
-        return tuple(None if op.family == "kv_cache" else layout_of(self.scheme("rollout", i))
+        base = tuple(None if op.family == "kv_cache" else layout_of(self.scheme("rollout", i))
                      for i, op in enumerate(self.catalog.operators))
+        if not is_mixed(self):
+            return base
+        # a ModelOpt MIXED_PRECISION checkpoint (pcc.plan.mixed): each quantized weight in its member form,
+        # or its own layout where it has none (PCC650 reports it)
+        member = [x.mixed_member(self.scheme("rollout", i)) if x is not None and x.quantized else None
+                  for i, x in enumerate(base)]
+        return tuple(named(m) if m else x for x, m in zip(base, member))
 
     @cached_property
     def rollout_tensors(self) -> tuple[dict | None, ...]:

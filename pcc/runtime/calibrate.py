@@ -60,7 +60,8 @@ class _Amax:
 
 @torch.no_grad()
 def input_scales(plan, weights: dict[str, torch.Tensor], tokens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Checkpoint name -> float32 scalar `input_scale` (amax / (6 * 448)) for every NVFP4 operator,
+    """Checkpoint name -> float32 scalar `input_scale` (amax / the layout's `input_range`: 6 * 448 for NVFP4,
+    448 for a MIXED_PRECISION FP8 member) for every operator whose layout stores one,
     from an unquantized BF16 forward of `weights` over the calibration batch. An operator no token
     reaches keeps 1.0 (the converter's uncalibrated value)."""
     targets = static_targets(plan)
@@ -69,7 +70,8 @@ def input_scales(plan, weights: dict[str, torch.Tensor], tokens: torch.Tensor | 
     arch = Arch.from_catalog(plan.catalog)
     rec = _Amax(arch, {k: v.float() for k, v in weights.items()}, targets)
     forward(arch, rec, calibration_tokens() if tokens is None else tokens)
-    return {targets[n]: torch.tensor(rec.amax[n] / NVFP4_RANGE if rec.amax.get(n) else 1.0, dtype=torch.float32)
+    top = {n: plan.layouts[plan.index[n]].input_range for n in targets}  # 6 * 448 (NVFP4), 448 (ModelOpt FP8)
+    return {targets[n]: torch.tensor(rec.amax[n] / top[n] if rec.amax.get(n) else 1.0, dtype=torch.float32)
             for n in targets}
 
 

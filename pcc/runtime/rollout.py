@@ -16,7 +16,7 @@ import torch
 from pcc.numerics import Quantized, quantize, scaled_gemm
 from pcc.numerics import formats as fm
 
-from .calibrate import quantize_static, static_targets
+from .calibrate import NVFP4_RANGE, quantize_static, static_targets
 
 from .linear import Gemm
 from .model import Arch, KVCache, bf16, forward, model_code
@@ -101,7 +101,9 @@ class RolloutEngine:
                 quantized[op.tensor] = w
             else:
                 values[op.tensor] = w.dequantize(torch.float32)
-        scales = {op: tensors[name].float().reshape(()) for op, name in static_targets(self.plan).items()}
+        # quantize_static is NVFP4's; a MIXED_PRECISION FP8 member's static scale is not simulated here
+        scales = {op: tensors[name].float().reshape(()) for op, name in static_targets(self.plan).items()
+                  if self.plan.layouts[self.plan.index[op]].input_range == NVFP4_RANGE}
         return Weights(man["version"], dict(tensors), values, quantized, {}, man, received, None, scales)
 
     def activate(self, man: dict, received: dict[str, torch.Tensor]) -> Weights:

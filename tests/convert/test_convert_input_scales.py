@@ -157,7 +157,7 @@ def test_without_calibration_it_warns_and_verify_reports_it(source, tmp_path, ca
     contract = write_contract(tmp_path, "nvfp4")
     code, summary, err = _convert(contract, src, tmp_path / "out", capsys, "--no-calibrate")
     assert code == 0 and summary["uncalibrated_input_scales"] == 72 and summary["calibrated_input_scales"] == 0
-    assert "WARNING: 72 of 72 NVFP4 input_scale" in err and "--no-calibrate" in err
+    assert "WARNING: 72 of 72 static input_scale" in err and "--no-calibrate" in err
     out = _load(tmp_path / "out")
     assert all(out[n].item() == 1.0 for n in out if n.endswith(".input_scale"))
     code, report = _verify(contract, tmp_path / "out", src, capsys)

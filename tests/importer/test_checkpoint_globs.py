@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcc.importer.checkpoint import _literal_head, _Paths, _uncataloged
+from pcc.importer.checkpoint import _literal_head, _Paths
+from pcc.importer.matching import uncataloged as _uncataloged
 from pcc.importer.matching import _modelopt_regex
 from pcc.models import load_catalog
 

@@ -631,14 +631,33 @@ def test_nvidia_nvfp4_exports_import_and_compile_back(tmp_path, stem):
     assert excluded(back["exclude_modules"]) == linear  # all but the routed experts BF16; every expert NVFP4
 
 
-def test_qwen3_6_nvfp4_mixed_precision_is_refused_naming_the_mix(tmp_path):
+def test_qwen3_6_nvfp4_mixed_precision_imports_and_compiles_back(tmp_path):
     """NVIDIA's NVFP4 Qwen3.6-35B-A3B is ModelOpt MIXED_PRECISION: FP8 attention and linear attention, W4A16 NVFP4
-    experts, shared experts and lm_head. One rollout checkpoint pcc writes has one scheme (PCC312), so the import is
-    a coded error saying what the export mixes, never a contract that silently drops half of it."""
+    experts, shared experts and lm_head. It imports as a vLLM rollout of those schemes, and compiles back to the
+    published `quantized_layers` entry for entry (config.json and hf_quant_config.json), the same FP8 config group,
+    MIXED_PRECISION and modelopt. What differs is coded at import: group_1's 4-bit input activations for W4A16 targets
+    (PCC804: vLLM reads quantized_layers), the nested file's FP8 KV cache (PCC806: vLLM reads config.json's flat
+    form, which sets none); the `mtp*` exclusions name the MTP layer the config has and the catalog leaves out (pcc
+    carries it as stored: no warning, and pcc's list is empty); the producer is pcc, which vLLM does not read (tests/plan/test_mixed_precision.py: vLLM decides every module alike under both)."""
     d = _published_dir(tmp_path, "nvidia--Qwen3.6-35B-A3B-NVFP4")
-    with pytest.raises(ImportFailed) as exc:
-        import_source("checkpoint", str(d))
-    err = exc.value
-    assert err.code == "PCC801" and err.path == "quant_algo"
-    assert "MIXED_PRECISION" in err.message and "FP8 on linear_attn.out_proj" in err.message
-    assert "W4A16_NVFP4 on mlp.experts" in err.message and "PCC312" in err.message
+    flat = json.loads((d / "config.json").read_text())["quantization_config"]
+    nested = json.loads((d / "hf_quant_config.json").read_text())["quantization"]
+    imp = import_source("checkpoint", str(d))
+    codes = {(x.code, x.path) for x in imp.diagnostics}
+    assert {("PCC804", "config_groups.group_1.input_activations"), ("PCC806", "kv_cache_scheme")} <= codes, codes
+    assert not any(c == "PCC802" for c, _ in codes), codes
+    assert "rollout vllm {" in imp.text() and "attn : fp8_tensor" in imp.text()
+    plan = _compile(imp, tmp_path).plan
+    back = quantization_config(plan)
+    from pcc.lower.checkpoint_config import hf_quant_config
+
+    back_nested = hf_quant_config(plan)["quantization"]
+    assert back["quantized_layers"] == flat["quantized_layers"] == back_nested["quantized_layers"]
+    assert nested["quantized_layers"] == flat["quantized_layers"]
+    for key in ("quant_algo", "quant_method"):
+        assert back[key] == flat[key], key
+    assert back["config_groups"]["group_0"] == flat["config_groups"]["group_0"]
+    g1, p1 = back["config_groups"]["group_1"], flat["config_groups"]["group_1"]
+    assert (g1["weights"], g1["targets"]) == (p1["weights"], p1["targets"]) and g1["input_activations"] is None
+    assert back["ignore"] == back_nested["exclude_modules"] == [] and "kv_cache_scheme" not in back
+    assert (back_nested["quant_algo"], back_nested["kv_cache_quant_algo"]) == ("MIXED_PRECISION", None)

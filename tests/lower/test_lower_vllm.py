@@ -28,7 +28,8 @@ QUANT = {"unified_fp8": ("fp8", "Fp8Config"), "glm52_fp8_rollout": ("fp8", "Fp8C
          "tiny_cpu": ("fp8", "Fp8Config"), "qwen38_nvfp4_lora": ("modelopt_fp4", "ModelOptNvFp4Config"),
          "selective_nvfp4": ("modelopt_fp4", "ModelOptNvFp4Config"),
          "int4_qat_w4a16": ("compressed-tensors", "CompressedTensorsConfig"), "bf16_baseline": (None, None),
-         "w8a8_int8": ("compressed-tensors", "CompressedTensorsConfig")}
+         "w8a8_int8": ("compressed-tensors", "CompressedTensorsConfig"),
+         "qwen36_mixed_nvfp4": ("modelopt_mixed", "ModelOptMixedPrecisionConfig")}
 
 
 def _plan(path: Path):

@@ -6,7 +6,8 @@ from pcc.plan.layouts import LAYOUTS, layout_of, named
 
 
 def test_every_layout_is_registered_by_its_name():
-    assert set(LAYOUTS) == {"wide", "fp8_block", "fp8_tensor", "mxfp8", "mxfp4", "nvfp4", "int4", "int8"}
+    assert set(LAYOUTS) == {"wide", "fp8_block", "fp8_tensor", "mxfp8", "mxfp4", "nvfp4", "int4", "int8",
+                            "fp8_static", "nvfp4_w4a16", "mixed"}  # the last three: ModelOpt MIXED_PRECISION only
     assert all(named(name).name == name for name in LAYOUTS)
     assert len({type(x) for x in LAYOUTS.values()}) == len(LAYOUTS)
 
@@ -21,6 +22,7 @@ def test_each_scheme_has_at_most_one_layout():
         assert len(accepting) <= 1, (name, accepting)
         if name in expect:
             assert (layout_of(spec).name if layout_of(spec) else None) == expect[name], name
+    assert not any(named(n).accepts(preset(p)) for n in ("fp8_static", "nvfp4_w4a16", "mixed") for p in PRESETS)
 
 
 def test_int8_layout_is_compressed_tensors_w8a8_only():

@@ -9,7 +9,8 @@ source encodings it copies bit for bit, and how (`copies`, `stored`; pcc.models.
 recognizes them); the error bound `pcc verify-checkpoint` allows (`slack`); and the
 `quantization_config` (and ModelOpt's `hf_quant_config`) the checkpoint carries. The Plan decides
 each operator's layout once (`Plan.layouts`); convert, the runtime, validate and the targets read
-it there. One module per family: wide, fp8 (block, tensor, MXFP8), fp4 (MXFP4, NVFP4), int4, int8 (W8A8).
+it there. One module per family: wide, fp8 (block, tensor, MXFP8, ModelOpt static FP8), fp4 (MXFP4, NVFP4, W4A16
+NVFP4), int4, int8 (W8A8); mixed names a ModelOpt MIXED_PRECISION checkpoint of several.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Layout(ABC):
 
     name = ""
     quantized = True  # False: the source's own values
+    members = False  # True: a checkpoint of per-module layouts (ModelOpt MIXED_PRECISION), no weight's own
     packs = False  # codes below a byte, packed (the converter plan's "pack" step)
     global_scale = False  # its scale needs the whole weight's amax (`amax=`), or its NVFP4 scale group's
     shares_fused_scale = False  # fused projections share one global scale (pcc.plan.tensors.scale_group)
@@ -77,6 +79,13 @@ class Layout(ABC):
     e8m0_scales = False  # scales are E8M0 bytes (255 is NaN)
     piece_kinds = ()  # weight groupings whose tensors can be computed a piece of rows at a time
     element = (0.0, 0.0, 0.0)  # rounding bound of the element format: relative, in scale units, top value
+    input_range = None  # a static `input_scale` is calibrated as amax / input_range (None: the layout has none)
+    modelopt_algo = None  # its ModelOpt MIXED_PRECISION `quant_algo`, for a layout that is a member form
+
+    def mixed_member(self, spec: Scheme) -> str | None:
+        """The layout a weight of scheme `spec` takes inside a ModelOpt MIXED_PRECISION checkpoint
+        (pcc.plan.mixed); None where this layout has no member form pcc writes."""
+        return None
 
     @abstractmethod
     def accepts(self, spec: Scheme) -> bool:
@@ -155,4 +164,4 @@ def packed_codes(q, pack):
     return q.codes if q.scheme.packing else pack(q.codes)
 
 
-from pcc.plan.layouts import fp4, fp8, int4, int8, wide  # noqa: E402,F401 - each module registers its layouts
+from pcc.plan.layouts import fp4, fp8, int4, int8, mixed, wide  # noqa: E402,F401 - each module registers its layouts

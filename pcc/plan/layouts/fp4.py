@@ -88,9 +88,14 @@ class Nvfp4(Layout):
     shares_fused_scale = True
     piece_kinds = ("block", "group", "row")
     element = (2**-2, 0.5, 6.0)
+    input_range = 6.0 * 448.0  # ModelOpt's NVFP4 input scale: amax / (6 * 448)
+    modelopt_algo = "NVFP4"
 
     def accepts(self, spec):
         return spec.format == "nvfp4"
+
+    def mixed_member(self, spec):
+        return "nvfp4" if spec.activations is not None else "nvfp4_w4a16"
 
     def tensors(self, w, symmetric, shape, dtype):
         n, k = shape
@@ -137,3 +142,28 @@ class Nvfp4(Layout):
         return {"producer": {"name": "pcc"},
                 "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": kv,
                                  "exclude_modules": skip}}
+
+
+@register("nvfp4_w4a16")
+class Nvfp4W4A16(Nvfp4):
+    """NVFP4 weights under BF16 activations, as a MIXED_PRECISION member (`W4A16_NVFP4`): ModelOpt's layout
+    without the `input_scale` (vLLM's `resolve` builds no activation parameter for it, modelopt.py; a genuine
+    export has none). Chosen by the Plan only inside a mixed checkpoint (`accepts` is False)."""
+
+    input_range = None
+    modelopt_algo = "W4A16_NVFP4"
+
+    def accepts(self, spec):
+        return False
+
+    def copies(self, enc, spec):
+        return enc.kind == "nvfp4" and spec.weights is not None and self._copies(enc, spec)
+
+    def tensors(self, w, symmetric, shape, dtype):
+        return super().tensors(w, symmetric, shape, dtype)[:3]
+
+    def encode(self, q, targets, shape, rows):
+        return super().encode(q, targets, shape, rows)[:3]
+
+    def stored(self, enc, parts):
+        return super().stored(enc, parts)[:3]

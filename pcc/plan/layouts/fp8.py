@@ -74,6 +74,45 @@ class Fp8Tensor(_Fp8):
     def _copies(self, enc, spec):
         return spec.scale == "fp32"
 
+    def mixed_member(self, spec):
+        a = spec.activations
+        return "fp8_static" if a is not None and a.kind == "tensor" else None
+
+
+@register("fp8_static")
+class Fp8Static(Fp8Tensor):
+    """ModelOpt `FP8` as a MIXED_PRECISION member: per-tensor FP8 weight and a static per-tensor
+    `input_scale` (vLLM's KFp8StaticTensor registers both, modelopt.py, and reads the activation scale from
+    the checkpoint). The `input_scale` is written as the NVFP4 one is: carried, calibrated (amax / 448) or
+    1.0 counted uncalibrated (pcc.convert.calibration). Chosen by the Plan only inside a mixed checkpoint."""
+
+    input_range = 448.0
+    modelopt_algo = "FP8"
+
+    def accepts(self, spec):
+        return False
+
+    def mixed_member(self, spec):
+        return None
+
+    def copies(self, enc, spec):
+        return enc.kind == "fp8_tensor" and spec.weights is not None and self._copies(enc, spec)
+
+    def tensors(self, w, symmetric, shape, dtype):
+        return (*super().tensors(w, symmetric, shape, dtype), (".input_scale", "float32", ()))
+
+    def encode(self, q, targets, shape, rows):
+        import torch
+
+        from pcc.plan.layouts.fp4 import NVFP4_INPUT_SCALE
+
+        return [*super().encode(q, targets, shape, rows), torch.full((), NVFP4_INPUT_SCALE, dtype=torch.float32)]
+
+    def stored(self, enc, parts):
+        import torch
+
+        return [*super().stored(enc, parts), parts.get("input_scale", torch.ones((), dtype=torch.float32))]
+
 
 @register("mxfp8")
 class Mxfp8(_Fp8):
