@@ -11,6 +11,8 @@ if ! grep -Eqs '"quant_method"[[:space:]]*:[[:space:]]*"modelopt"' "$PCC_ROLLOUT
   echo "launch_vllm.sh: $PCC_ROLLOUT_CHECKPOINT/config.json does not say quant_method modelopt: not the rollout checkpoint this contract builds" >&2
   exit 1
 fi
+# The modules pcc ships beside this script (its worker extension) before any other.
+export PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 extra=()
 exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOINT" \
   --dtype bfloat16 \
@@ -21,4 +23,5 @@ exec python -m vllm.entrypoints.openai.api_server --model "$PCC_ROLLOUT_CHECKPOI
   --data-parallel-size 1 \
   --enable-expert-parallel \
   --enable-return-routed-experts \
+  --worker-extension-cls pcc_vllm_worker.PccWorkerExtension \
   ${extra[@]+"${extra[@]}"} "$@"
