@@ -443,11 +443,21 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         errors.append(err)
         stop.set()
     finally:
-        out.put(_DONE)  # the writer consumes until _DONE, also while draining after an error
-        stop.set()  # the reader stops at its next put
-        for t in threads:
-            t.join()
-        torch.set_num_threads(intra)
+        wind_down(errors, stop, out, _DONE, threads, bar, lambda: torch.set_num_threads(intra))
+
+
+def wind_down(errors: list, stop: threading.Event, out: queue.Queue, done, threads: list, bar, cleanup) -> None:
+    """The end of a pipeline (this one's and pcc.convert.fast's), after its loop or an error: the writer told
+    the input is over (it consumes until `done`, also while draining after an error), the reader stopped at its
+    next put, the threads joined, `cleanup()` run and the bar closed; then the first error raised, a
+    ConvertError or Ctrl-C as itself, anything else as a ConvertError."""
+    out.put(done)
+    stop.set()
+    for t in threads:
+        t.join()
+    try:
+        cleanup()
+    finally:
         if bar is not None:
             bar.close()
     if errors:
