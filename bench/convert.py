@@ -16,7 +16,8 @@ file fsynced before the clock stops):
 Each round runs every method once, in an order that alternates each round; each method keeps its
 best round, with that round's CPU seconds (user + kernel time of all its threads: where neighbours
 hold the cores, a method's time follows them). Cores and load average are printed before and after. `--busy` runs a CPU-bound process
-beside it all.
+beside it all. pcc (and a --baseline tree) is byte-compiled before the rounds, as an installed one is: with
+PYTHONDONTWRITEBYTECODE set and no __pycache__ in a checkout, every child compiled pcc's sources (0.07 s).
 `--calibration`: the cost of NVFP4 input-scale calibration (docs/convert.md "Input scales"), each
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
 `--memory`: peak RSS of `pcc convert` (no calibration) of a one-layer dense model whose MLP weights are
@@ -536,6 +537,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
     if llmc:
         rows["llm-compressor"] = (LABELS["llm-compressor"], "llm-compressor", llmc_python, {})
     rows = {k: v for k, v in rows.items() if k not in skip or k in ("physical", "floor")}
+    for tree in [here] + ([baseline] if baseline else []):  # byte-compiled first, as an installed pcc is
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree) / "pcc")], check=True)
     print(machine())
     print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process; "
           "x physical, x copy: seconds over each floor's; CPU s: user + system of every thread, the best round's; "

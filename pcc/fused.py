@@ -11,7 +11,8 @@ chunk for the same codes (the magnitude bits, their max, a float32 copy, the div
 here 1.7-1.9 ns per element against 0.6-0.8 (docs/numerics.md "Speed").
 
 The kernel is LLVM IR (`_IR`), compiled once per process when first used (about 0.05 s, against numba's
-0.5 s to import and load a cached kernel, which ate the gain), and called through ctypes, which lets go of
+0.5 s to import and load a cached kernel, which ate the gain; its object code is then kept in the user cache
+and loaded from there: `_cache_read`), and called through ctypes, which lets go of
 the GIL. Codes and scales are bit for bit the torch path's: the rounding on every float32 magnitude below
 E4M3's NaN threshold in steps and around every rounding boundary, the scale of every BF16 amax, and whole
 tensors (tests/numerics/test_fused.py). `PCC_FUSED=0` turns it off. A block holding NaN or inf is reported,
@@ -294,21 +295,86 @@ def _jit(element: str):
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
-    module = llvm.parse_assembly(_DECLARE + _module(element))
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
+    text = _DECLARE + _module(element)
+    module = llvm.parse_assembly(text)  # MCJIT finds the functions by the module, cached code or not
     module.verify()
-    tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-    tuning.loop_vectorization = True
-    tuning.slp_vectorization = True
-    builder = llvm.create_pass_builder(machine, tuning)
-    builder.getModulePassManager().run(module, builder)
+    key = _cache_key(text, machine.triple, cpu, features, llvm.llvm_version_info)
+    cached = _cache_read(key)
+    if cached is None:
+        tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+        tuning.loop_vectorization = True
+        tuning.slp_vectorization = True
+        builder = llvm.create_pass_builder(machine, tuning)
+        builder.getModulePassManager().run(module, builder)
     engine = llvm.create_mcjit_compiler(module, machine)
+    engine.set_object_cache(lambda _, obj: _cache_write(key, obj), lambda _: cached)
     engine.finalize_object()
     _ENGINES.append(engine)
     if element == "magnitude":
         return {w: _MAGNITUDE_SIGNATURE(engine.get_function_address(f"magnitude_max_{w}")) for w in _MAGNITUDE}
     return _SIGNATURE(engine.get_function_address(f"fp8_blocks_{element}"))
+
+
+# The machine code of each kernel is kept in the user cache (`pcc.resources.cache_dir("kernels")`): the passes
+# and code generation are 0.05-0.09 s of every conversion, loading it a millisecond. An entry is named by a
+# hash of all that shapes the code (the IR, target triple, CPU name and features, LLVM and llvmlite versions,
+# the passes' settings) and holds that hash and the SHA-256 of the object code before it: an entry that is
+# damaged, short, or another key's is not loaded, the kernel is compiled and the entry rewritten.
+_CACHE_MAGIC = b"pcc-kernel-1\n"
+_PASSES = "speed_level=3 loop_vectorization slp_vectorization opt=3"
+
+
+def _cache_key(text: str, *machine) -> bytes:
+    import hashlib
+
+    import llvmlite
+
+    parts = (text, *map(str, machine), llvmlite.__version__, _PASSES)
+    return hashlib.sha256("\0".join(parts).encode()).digest()
+
+
+def _cache_path(key: bytes):
+    from pcc.resources import cache_dir
+
+    return cache_dir("kernels") / f"{key.hex()}.o"
+
+
+def _cache_read(key: bytes) -> bytes | None:
+    """The object code cached under `key`, or None (absent, unreadable, or not exactly what it says)."""
+    import hashlib
+
+    try:
+        data = _cache_path(key).read_bytes()
+    except (OSError, RuntimeError):  # (RuntimeError: no home directory)
+        return None
+    head = len(_CACHE_MAGIC) + 64
+    obj = data[head:]
+    if data[:head] != _CACHE_MAGIC + key + hashlib.sha256(obj).digest() or not obj:
+        return None
+    return obj
+
+
+def _cache_write(key: bytes, obj: bytes) -> None:
+    """Store `obj` under `key` through a rename (readers see a whole entry or none); a cache that cannot be
+    written is no error."""
+    import hashlib
+    import tempfile
+
+    try:
+        path = _cache_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_CACHE_MAGIC + key + hashlib.sha256(obj).digest() + obj)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except (OSError, RuntimeError):
+        pass
 
 
 def fp8_fp32_blocks(element: str, x: int, codes: int, scales: int, rows: int, cols: int, block_rows: int,

@@ -6,6 +6,7 @@ them under ``pcc/_data/``. Everything that reads them goes through here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
@@ -18,6 +19,12 @@ def data_dir(name: str) -> Path:
         if path.is_dir():
             return path
     raise FileNotFoundError(f"pcc data folder {name!r} not found (broken install?)")
+
+
+def cache_dir(name: str) -> Path:
+    """The user cache folder ``name`` of pcc (warm starts, compiled kernels): under $PCC_CACHE, by default
+    ~/.cache/pcc. Not created here."""
+    return Path(os.environ.get("PCC_CACHE") or Path.home() / ".cache" / "pcc") / name
 
 
 def target_table(name: str) -> dict:

@@ -255,18 +255,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
         errors.append(err)
         stop.set()
     finally:
-        out.put(_DONE)  # the writer consumes until _DONE, also while draining after an error
-        stop.set()  # the reader stops at its next put
-        for t in threads:
-            t.join()
-        pool.shutdown(wait=True, cancel_futures=True)
-        if bar is not None:
-            bar.close()
-    if errors:
-        err = errors[0]
-        if isinstance(err, ConvertError) or not isinstance(err, Exception):  # Ctrl-C stays itself
-            raise err
-        raise ConvertError(str(err)) from err
+        run.wind_down(errors, stop, out, _DONE, threads, bar, lambda: pool.shutdown(wait=True, cancel_futures=True))
 
 
 def _quantize(element: str, data, codes, scales, at: int, n: int, k: int, r: int, c: int, first: int, stop: int) -> int:

@@ -71,21 +71,23 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     """calibrate: NVFP4 input scales the source lacks are calibrated (True: or refuse), calibrated
     when the model is supported and small enough (None), or left 1.0 and counted (False)."""
     t0 = time.perf_counter()
-    src = open_source(src_dir)
-    extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
-    plan = load_plan(contract, source=src)
-    doc = converter_plan(plan)
-    dst = Path(dst_dir).resolve()
-    root = Path(src.root).resolve()
-    if dst == root or root in dst.parents or dst in root.parents:
-        raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
-    with destination_lock(dst):
-        work = _staging(dst, resume, force)
-        with _stopping(dst, work):
-            made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
-                                  calibration_tokens)
-            with writing(work):
-                _install(work, dst)
+    with _start_up() as started:
+        src = open_source(src_dir)
+        extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
+        plan = load_plan(contract, source=src)
+        doc = converter_plan(plan)
+        started()
+        dst = Path(dst_dir).resolve()
+        root = Path(src.root).resolve()
+        if dst == root or root in dst.parents or dst in root.parents:
+            raise ConvertError(f"{dst}: the destination overlaps the source checkpoint {root}; convert into a new directory")
+        with destination_lock(dst):
+            work = _staging(dst, resume, force)
+            with _stopping(dst, work):
+                made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
+                                      calibration_tokens)
+                with writing(work):
+                    _install(work, dst)
     secs = time.perf_counter() - t0
     return {"ok": True, "destination": str(dst), "layout": doc["layout"], **made, "seconds": round(secs, 3),
             "input_gb_per_s": round(made["input_bytes"] / secs / 1e9, 3) if secs else None} | scales.summary()
@@ -443,11 +445,21 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         errors.append(err)
         stop.set()
     finally:
-        out.put(_DONE)  # the writer consumes until _DONE, also while draining after an error
-        stop.set()  # the reader stops at its next put
-        for t in threads:
-            t.join()
-        torch.set_num_threads(intra)
+        wind_down(errors, stop, out, _DONE, threads, bar, lambda: torch.set_num_threads(intra))
+
+
+def wind_down(errors: list, stop: threading.Event, out: queue.Queue, done, threads: list, bar, cleanup) -> None:
+    """The end of a pipeline (this one's and pcc.convert.fast's), after its loop or an error: the writer told
+    the input is over (it consumes until `done`, also while draining after an error), the reader stopped at its
+    next put, the threads joined, `cleanup()` run and the bar closed; then the first error raised, a
+    ConvertError or Ctrl-C as itself, anything else as a ConvertError."""
+    out.put(done)
+    stop.set()
+    for t in threads:
+        t.join()
+    try:
+        cleanup()
+    finally:
         if bar is not None:
             bar.close()
     if errors:
@@ -703,6 +715,33 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _start_up():
+    """The cyclic GC paused until `started()` (the contract compiled), then the objects made so far kept out of its
+    collections until the conversion ends (gc.freeze): the compile allocates the contract's model, the plan and a
+    MoE's thousands of operators, and the collections that traverse them again and again cost 0.04-0.06 CPU-s of
+    a conversion while freeing next to nothing (docs/convert.md "Speed"). Left alone where the caller paused it."""
+    import gc
+
+    if not gc.isenabled():
+        yield lambda: None
+        return
+    frozen = []
+
+    def started():
+        gc.freeze()
+        frozen.append(True)
+        gc.enable()
+
+    gc.disable()
+    try:
+        yield started
+    finally:
+        if frozen:
+            gc.unfreeze()
+        gc.enable()
 
 
 @contextlib.contextmanager

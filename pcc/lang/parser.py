@@ -12,9 +12,9 @@ from functools import lru_cache
 from lark import Lark, Token, Tree
 from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
+from pcc.lang import tables
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Span, did_you_mean
 from pcc.lang.inputs import InputError, read_bytes
-from pcc.resources import data_dir
 
 MAX_BYTES = 1 << 20  # contracts are small; a larger file is a mistake, not a contract
 
@@ -33,12 +33,13 @@ _TERMINAL_NAMES = {
 _COMMENTS: list[Token] = []  # filled by the lexer during one parse (see parse_comments)
 
 
+CALLBACKS = {"COMMENT": _COMMENTS.append}
+
+
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    grammar = (data_dir("grammar") / "prec.lark").read_text(encoding="utf-8")
-    return Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
-                maybe_placeholders=False, start=["start", "scheme_expr"],
-                lexer_callbacks={"COMMENT": _COMMENTS.append})
+    """The parser, from its stored tables where they match this grammar and lark (pcc.lang.tables)."""
+    return tables.load(CALLBACKS) or Lark(tables.grammar(), **tables.OPTIONS, lexer_callbacks=CALLBACKS)
 
 
 def _expected(names: set[str]) -> list[str]:

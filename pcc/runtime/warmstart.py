@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from pcc import resources
 from pcc.lang.diagnostics import PccError
 
 from . import checkpoint as _checkpoint
@@ -76,7 +76,7 @@ class CacheWarning(UserWarning):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PCC_CACHE", Path.home() / ".cache" / "pcc")) / "warmstart"
+    return resources.cache_dir("warmstart")
 
 
 def recipe_of(recipe: dict | None) -> dict:

@@ -51,6 +51,29 @@ def test_a_conversion_imports_no_torch(bf16, tmp_path):
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
+def test_the_gc_is_paused_while_compiling_and_given_back(bf16, tmp_path, monkeypatch):
+    """run._start_up: no cyclic collection while the contract compiles, its objects frozen for the pipeline, and
+    the GC as it was afterwards, also after an error; a caller's paused GC stays paused."""
+    import gc
+
+    src, contract = bf16
+    seen = []
+    real = run.load_plan
+    monkeypatch.setattr(run, "load_plan", lambda *a, **k: seen.append(gc.isenabled()) or real(*a, **k))
+    real_pipeline = fast.pipeline
+    monkeypatch.setattr(fast, "pipeline", lambda *a: seen.append(gc.get_freeze_count() > 0) or real_pipeline(*a))
+    assert _convert(src, contract, tmp_path / "dst") == 0
+    assert seen == [False, True] and gc.isenabled() and gc.get_freeze_count() == 0
+    assert _convert(src, contract, tmp_path / "dst") == 1  # exists: refused after the compile
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        assert _convert(src, contract, tmp_path / "again") == 0
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("piece", [None, 4096])
 def test_the_torch_pipelines_bytes(bf16, tmp_path, monkeypatch, piece):
     src, contract = bf16

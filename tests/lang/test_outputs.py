@@ -92,6 +92,8 @@ OWN_WRITERS = {
     "pcc/convert/shards.py": "shards stream (O_DIRECT) into the staging directory; each has a completion "
                              "record --resume checks against the file's own hash",
     "pcc/runtime/loop.py": "metrics.jsonl is an append-only log; resume drops a line cut by a crash",
+    "pcc/fused.py": "the kernels' object code cache (an earlier stage than pcc.lang): each entry written through "
+                    "a rename, holding its key and the code's SHA-256, checked before it is loaded",
 }
 _WRITES = {"write_text", "write_bytes", "rename", "mkstemp", "NamedTemporaryFile", "save_file", "savefig",
            "copyfile", "copy", "copy2"}
