@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from pcc.lower.engine_errors import EngineMissing, VerifyError  # noqa: F401 - both part of this module's API
-from pcc.lower.side_folder import TIMEOUT_S, folder, run_child
+from pcc.lower.side_folder import TIMEOUT_S, folder, run_child  # noqa: F401 - TIMEOUT_S: this module's API too
 
 DIR_ENV = "PCC_VLLM_DIR"  # folder holding vllm/ (pip --target); default below
 HINT = "install with requirements/install-engines.sh (see requirements/vllm.txt)"

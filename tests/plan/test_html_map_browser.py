@@ -21,7 +21,7 @@ from pcc.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from headless import Browser, BrowserError, find_chromium  # noqa: E402
+from headless import Browser, find_chromium  # noqa: E402
 
 W, H = 1600, 1000
 
