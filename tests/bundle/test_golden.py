@@ -5,7 +5,8 @@ Update after an intended change (then review the diff):
 contracts/vllm/X.prec, contracts/verl/X.prec, contracts/nemo_rl/X.prec and contracts/fsdp/X.prec have theirs in golden/vllm/X,
 golden/verl/X, golden/nemo_rl/X and golden/fsdp/X.
 Files over 64 KiB (the resolved plan and the converter plan of large models) are kept as
-their sha256, so the repository stays small; everything else is compared as text.
+their sha256, and a file the bundle ships verbatim from pcc's own source (the vLLM worker extension) as
+the path of that source (`X.source`), so the repository stays small; everything else is compared as text.
 """
 
 import hashlib
@@ -16,19 +17,24 @@ from pathlib import Path
 import pytest
 
 from pcc.bundle import bundle_files
+from pcc.lower.vllm import WORKER
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CONTRACTS = sorted(p for d in ("", "vllm", "verl", "nemo_rl", "fsdp") for p in (ROOT / "contracts" / d).glob("*.prec"))
 LARGE = 64 << 10
+# Bundle files that are a pcc module's source, shipped as a file: golden as the module's path.
+SHIPPED = {WORKER: "pcc/lower/vllm_worker.py"}
 
 
 def _expected(files: dict[str, str]) -> dict[str, str]:
     out = {}
     for path, text in files.items():
         data = text.encode()
-        if len(data) > LARGE:
+        if path in SHIPPED and text == (ROOT / SHIPPED[path]).read_text(encoding="utf-8"):
+            out[path + ".source"] = SHIPPED[path] + "\n"
+        elif len(data) > LARGE:
             out[path + ".sha256"] = hashlib.sha256(data).hexdigest() + "\n"
         else:
             out[path] = text
