@@ -16,6 +16,7 @@ word: a NaN/inf a kernel finds is reported by running that piece through the tor
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import queue
@@ -143,13 +144,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
     recycled = _Recycled(run._IN_FLIGHT + 2)
     pool = _workers()
 
-    def put(q, item):
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    put = functools.partial(run.put_until, stop)
 
     def reader():
         try:

@@ -13,6 +13,7 @@ FP8 and llvmlite is installed, pcc.convert.fast streams the same bytes without i
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -259,13 +260,7 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def put(q, item):
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    put = functools.partial(put_until, stop)
 
     slots = _Slots(_IN_FLIGHT, stop)
     recycled = _Recycled()
@@ -446,6 +441,16 @@ def _pipeline(plan, src: Source, todo: list[dict], writer: ShardWriter, in_bytes
         stop.set()
     finally:
         wind_down(errors, stop, out, _DONE, threads, bar, lambda: torch.set_num_threads(intra))
+
+
+def put_until(stop: threading.Event, q: queue.Queue, item) -> None:
+    """Put `item` on `q`, waiting while it is full, unless the pipeline is stopped (then it is dropped)."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
 
 
 def wind_down(errors: list, stop: threading.Event, out: queue.Queue, done, threads: list, bar, cleanup) -> None:
