@@ -12,11 +12,10 @@ activations), NVFP4, W4A16_NVFP4 with groups of 16.
 
 from __future__ import annotations
 
-import json
 from fnmatch import fnmatch
 from pathlib import Path
 
-from pcc.importer import Imported, ImportFailed
+from pcc.importer import Imported, ImportFailed, read_json
 from pcc.importer.bounds import names, said
 from pcc.importer.matching import SglangModule, sglang_module, uncataloged
 from pcc.models import Catalog
@@ -155,12 +154,13 @@ def _kv(q: dict, imp: Imported, file: str, where: str) -> str | None:
     else:
         s = q.get("kv_cache_scheme")
         algo = "FP8" if isinstance(s, dict) and s.get("type") == "float" and s.get("num_bits") == 8 else None
+        if s is not None and algo is None:
+            raise ImportFailed(f"{file}: kv_cache_scheme {said(s)}: pcc imports an FP8 KV cache (type float, 8 bits)",
+                               path="kv_cache_scheme", file=file)
         beside = Path(file).parent / "hf_quant_config.json"
         if Path(file).name == "config.json" and beside.is_file():
-            try:
-                other = json.loads(beside.read_text(encoding="utf-8")).get("quantization", {}).get("kv_cache_quant_algo")
-            except (OSError, ValueError, AttributeError):
-                other = None
+            nested = read_json(beside, "hf_quant_config.json").get("quantization")  # bounded, as every source
+            other = nested.get("kv_cache_quant_algo") if isinstance(nested, dict) else None
             if other and other != algo:
                 imp.warn("PCC806", f"hf_quant_config.json's kv_cache_quant_algo {said(other)}: vLLM reads config.json's "
                          "quantization_config first, whose flat form sets the KV cache only in kv_cache_scheme (absent "

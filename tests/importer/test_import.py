@@ -661,3 +661,15 @@ def test_qwen3_6_nvfp4_mixed_precision_imports_and_compiles_back(tmp_path):
     assert (g1["weights"], g1["targets"]) == (p1["weights"], p1["targets"]) and g1["input_activations"] is None
     assert back["ignore"] == back_nested["exclude_modules"] == [] and "kv_cache_scheme" not in back
     assert (back_nested["quant_algo"], back_nested["kv_cache_quant_algo"]) == ("MIXED_PRECISION", None)
+
+
+def test_a_mixed_export_with_a_kv_cache_scheme_pcc_cannot_carry_is_refused(tmp_path):
+    """A flat MIXED_PRECISION config whose kv_cache_scheme is no FP8 float scheme is a coded refusal, not a
+    contract that silently keeps the KV cache wide."""
+    d = _published_dir(tmp_path, "nvidia--Qwen3.6-35B-A3B-NVFP4")
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {"type": "int", "num_bits": 8}
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportFailed) as exc:
+        import_source("checkpoint", str(d))
+    assert exc.value.code == "PCC801" and exc.value.path == "kv_cache_scheme"
