@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from pcc.plan.tensors import FUSED_PROJECTIONS
 from pcc.resources import target_table
 
 # Projections the engines load as one fused module (pcc.plan.tensors.FUSED_PROJECTIONS) plus Qwen3.5's
 # gated-delta-net pairs (vLLM qwen3_5.py packed_modules_mapping: in_proj_qkvz, in_proj_ba): vLLM resolves a
 # fused module's algo from its shards and refuses shards of two algos ("Mixed quant_algo within fused layer").
-FUSED = (("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"), ("gate_proj", "up_proj"),
-         ("w1", "w3"), ("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
+FUSED = FUSED_PROJECTIONS + (("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
 _FUSED_WITH = {m: g for g in FUSED for m in g}
 
 
