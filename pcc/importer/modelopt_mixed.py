@@ -16,7 +16,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from pcc.importer import Imported, ImportFailed, read_json
-from pcc.importer.bounds import names, said
+from pcc.importer.bounds import count, names, said
 from pcc.importer.matching import SglangModule, sglang_module, uncataloged
 from pcc.models import Catalog
 
@@ -54,6 +54,9 @@ def decide_mixed(q: dict, catalog: Catalog, imp: Imported, file: str, where: str
         if op.family in families:
             m = sglang_module(op)
             modules.setdefault(m.prefix, (m, []))[1].append(i)
+    # every exclusion and quantized_layers key is matched against every module (substring, glob, prefix): bounded
+    count(where + key, file, len(excluded), len(modules))
+    count(where + "quantized_layers", file, len(algos), len(modules))
     for prefix, (module, idx) in modules.items():
         if _excluded(prefix, module.shards, excluded, file, where + key):
             continue

@@ -673,3 +673,15 @@ def test_a_mixed_export_with_a_kv_cache_scheme_pcc_cannot_carry_is_refused(tmp_p
     with pytest.raises(ImportFailed) as exc:
         import_source("checkpoint", str(d))
     assert exc.value.code == "PCC801" and exc.value.path == "kv_cache_scheme"
+
+
+def test_a_mixed_export_is_matched_within_the_import_bounds(tmp_path, monkeypatch):
+    """Every quantized_layers key and exclusion of a MIXED_PRECISION export meets every module: counted before
+    matching, PCC811 past the bound (as the other ModelOpt and compressed-tensors lists)."""
+    from pcc.importer import bounds
+
+    d = _published_dir(tmp_path, "nvidia--Qwen3.6-35B-A3B-NVFP4")
+    monkeypatch.setattr(bounds, "MAX_MATCHES", 1000)
+    with pytest.raises(ImportFailed) as exc:
+        import_source("checkpoint", str(d))
+    assert exc.value.code == "PCC811" and "module names" in exc.value.message
