@@ -9,36 +9,22 @@ their sha256, and a file the bundle ships verbatim from pcc's own source (the vL
 the path of that source (`X.source`), so the repository stays small; everything else is compared as text.
 """
 
-import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from pcc.bundle import bundle_files
-from pcc.lower.vllm import WORKER
 from pcc.plan import compile_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from golden_files import expected_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 CONTRACTS = sorted(p for d in ("", "vllm", "verl", "nemo_rl", "fsdp") for p in (ROOT / "contracts" / d).glob("*.prec"))
-LARGE = 64 << 10
-# Bundle files that are a pcc module's source, shipped as a file: golden as the module's path.
-SHIPPED = {WORKER: "pcc/lower/vllm_worker.py"}
-
-
-def _expected(files: dict[str, str]) -> dict[str, str]:
-    out = {}
-    for path, text in files.items():
-        data = text.encode()
-        if path in SHIPPED and text == (ROOT / SHIPPED[path]).read_text(encoding="utf-8"):
-            out[path + ".source"] = SHIPPED[path] + "\n"
-        elif len(data) > LARGE:
-            out[path + ".sha256"] = hashlib.sha256(data).hexdigest() + "\n"
-        else:
-            out[path] = text
-    return out
 
 
 def _name(path: Path) -> str:
@@ -50,7 +36,7 @@ def test_bundle_matches_golden(path):
     compiled = compile_file(str(path))
     assert compiled.ok
     files, _ = bundle_files(compiled.plan)
-    expected = _expected(files)
+    expected = expected_files(files)
     folder = GOLDEN / _name(path)
     if os.environ.get("PCC_UPDATE_GOLDEN") == "1":
         shutil.rmtree(folder, ignore_errors=True)
