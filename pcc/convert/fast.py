@@ -1,14 +1,14 @@
 """The converter without torch: where every work item is a tensor written as stored or a BF16/float32 weight
 quantized to block FP8 with float32 scales, and pcc.fused's kernels compile (llvmlite, a dependency),
-`pcc convert` streams the checkpoint with those kernels through plain buffers (bytearrays, mappings) and never
-imports torch, nor numpy.
+`pcc convert` streams the checkpoint with those kernels through plain buffers (mappings) and never imports torch,
+nor numpy.
 
 Importing torch takes 1.0-1.2 CPU-seconds on this machine, before anything else can run: about a third of
 block-FP8 conversions of the bench's 1-2 GB checkpoints (docs/convert.md "Speed"); numpy 0.14. The bytes are those of
 `pcc.convert.run._pipeline` (tests/convert/test_convert_bytes.py pins them for both paths): the same pieces
 (PIECE_BYTES, whole 128-row scale blocks), the kernel of `pcc.numerics.quantize`'s fused branch, the same
-writer. Its threads: a reader maps the source pieces (`Source.map_bytes`), the caller's thread checks
-copied pieces for NaN/inf and hands each quantized piece's block rows to the chunk workers (one per core,
+writer. Its threads: a reader maps the large source pieces (`Source.map_bytes`) and reads the small ones into a
+reused ring (`Source.read_bytes`, `_Ring`), the caller's thread checks copied pieces for NaN/inf and hands each quantized piece's block rows to the chunk workers (one per core,
 kept on it, as `pcc.numerics.quantize`'s), so small tensors (a MoE's experts) are quantized side by side;
 the writer waits for each piece's workers in order, then writes. An error is the torch path's, word for
 word: a NaN/inf a kernel finds is reported by running that piece through the torch path.
@@ -16,8 +16,10 @@ word: a NaN/inf a kernel finds is reported by running that piece through the tor
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import mmap
 import os
 import queue
 import threading
@@ -31,7 +33,8 @@ _CHECKED = {"BF16": (16, 0x7F80), "F16": (16, 0x7C00), "F32": (32, 0x7F800000)}
 _UNCHECKED = ("U8", "I8", "I16", "I32", "I64", "BOOL")  # not floats: nothing to check (as `all_finite`)
 _ELEMENT = {"BF16": "bf16", "F32": "f32"}  # weights the block-FP8 kernel reads
 _CHUNK = 1 << 20  # elements per kernel call on a worker: pcc.numerics.quantize's chunk
-_RECYCLE_MIN = 1 << 20  # codes at least this large go into recycled buffers (as pcc.convert.run's)
+_MAP_MIN = 4 << 20  # source pieces this large are mapped, smaller ones read into a ring of _SMALL_RING bytes
+_SMALL_RING = 32 << 20
 _DONE = object()
 
 
@@ -107,28 +110,52 @@ def _workers() -> ThreadPoolExecutor:
                               initializer=pin)
 
 
-class _Recycled:
-    """Codes buffers the writer has finished with (pcc.convert.run._Recycled, as bytearrays: a new one is
-    zeroed, a recycled one is not)."""
+class _Ring:
+    """Pieces allocated first in, first out from one reused mapping of `size` bytes: the reader takes each small
+    source piece's buffer (the caller's thread each piece's codes, from a second ring) in the order the writer,
+    done with it, gives it back, so a piece waits only for bytes, not for a count of pieces. A MoE's hundreds of
+    small experts stream without the four-piece hand-offs a count allows (the torch path's `_Slots`), and nothing
+    is mapped, zeroed or unmapped per piece (docs/convert.md "Speed"). Once past `soft` bytes a piece starts the
+    ring again where it can, so small pieces keep to its first pages: every page first touched costs a fault (0.6
+    ms per MiB here). A piece larger than the ring, or empty, gets a buffer of its own."""
 
-    def __init__(self, keep: int):
-        self._free: list = []
-        self._keep = keep
-        self._lock = threading.Lock()
+    def __init__(self, size: int, soft: int, stop: threading.Event):
+        self._map = mmap.mmap(-1, size)  # (zero pages until first written: no memset)
+        self._view = memoryview(self._map)
+        self._size, self._soft = size, soft
+        self._live: collections.deque = collections.deque()  # (start, end) of each piece held, oldest first
+        self._cond = threading.Condition()
+        self._stop = stop
 
-    def take(self, nbytes: int) -> bytearray:
-        if nbytes >= _RECYCLE_MIN:
-            with self._lock:
-                fits = [k for k, b in enumerate(self._free) if len(b) >= nbytes]
-                if fits:
-                    return self._free.pop(min(fits, key=lambda k: len(self._free[k])))
-        return bytearray(nbytes)
+    def _place(self, nbytes: int) -> int | None:
+        """Where `nbytes` fit now, or None."""
+        if not self._live:
+            return 0
+        tail, start, head = self._live[0][0], self._live[-1][0], self._live[-1][1]
+        if start < tail:  # the held bytes wrapped: free between the newest piece and the oldest
+            return head if head + nbytes <= tail else None
+        if nbytes <= tail and (head >= self._soft or head + nbytes > self._size):
+            return 0
+        return head if head + nbytes <= self._size else None
 
-    def give(self, buf: bytearray) -> None:
-        if len(buf) >= _RECYCLE_MIN:
-            with self._lock:
-                if len(self._free) < self._keep:
-                    self._free.append(buf)
+    def take(self, nbytes: int) -> memoryview | None:
+        """`nbytes` of the ring, waiting for the writer to give back enough; None once the pipeline stops."""
+        with self._cond:
+            if nbytes > self._size or not nbytes:
+                self._live.append(self._live[-1] if self._live else (0, 0))
+                return memoryview(bytearray(nbytes))
+            while (at := self._place(nbytes)) is None:
+                if self._stop.is_set():
+                    return None
+                self._cond.wait(0.1)
+            self._live.append((at, at + nbytes))
+        return self._view[at:at + nbytes]
+
+    def give(self) -> None:
+        """The oldest piece's bytes back."""
+        with self._cond:
+            self._live.popleft()
+            self._cond.notify()
 
 
 def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
@@ -136,15 +163,26 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
     from pcc import fused
     from pcc.convert import run
 
-    loaded: queue.Queue = queue.Queue(maxsize=2)
-    out: queue.Queue = queue.Queue(maxsize=run._IN_FLIGHT + 4)
+    loaded: queue.Queue = queue.Queue()  # (bounded by the rings' bytes)
+    out: queue.Queue = queue.Queue()
     errors: list[BaseException] = []
     stop = threading.Event()
-    slots = run._Slots(run._IN_FLIGHT, stop)
-    recycled = _Recycled(run._IN_FLIGHT + 2)
+    slots = run._Slots(run._IN_FLIGHT, stop)  # large source pieces, mapped
+    ring = _Ring(_SMALL_RING, _SMALL_RING // 4, stop)  # small ones, read
+    codes_ring = _Ring(run._IN_FLIGHT * run.PIECE_BYTES // 2, run.PIECE_BYTES // 2, stop)  # every piece's codes
     pool = _workers()
 
     put = functools.partial(run.put_until, stop)
+
+    def take(name: str, first: int, nbytes: int):
+        """(source bytes [first, first + nbytes) of `name`, what gives their room back once written): a small
+        piece read into the ring, a large one mapped (both cost 0.12-0.13 CPU-s per GB, but reading needs memory
+        first touched, 0.6 ms per MiB here, and mapping a small piece costs a system call and its page tables'
+        teardown: docs/convert.md "Speed"); None once the pipeline stops."""
+        if nbytes < _MAP_MIN:
+            buf = ring.take(nbytes)
+            return None if buf is None else (src.read_bytes(name, first, buf), ring.give)
+        return (src.map_bytes(name, first, nbytes), slots.give) if slots.take() else None
 
     def reader():
         try:
@@ -157,18 +195,20 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                     step = max(1, run.PIECE_BYTES // size)
                     for first in range(0, count, step) or [0]:
                         n = min(step, count - first)
-                        if not slots.take():
+                        got = take(name, first * size, n * size)
+                        if got is None:
                             return
-                        put(loaded, (it, first, src.map_bytes(name, first * size, n * size), first + n >= count))
+                        put(loaded, (it, first, *got, first + n >= count))
                     continue
                 *_, nrows, k = specs[name]
                 row_bytes = k * size
                 step = max(1, run.PIECE_BYTES // row_bytes // it["rows"]) * it["rows"] if it["rows"] else nrows
                 for r0 in range(0, nrows, step):
                     n = min(step, nrows - r0)
-                    if not slots.take():
+                    got = take(name, r0 * row_bytes, n * row_bytes)
+                    if got is None:
                         return
-                    put(loaded, (it, r0, src.map_bytes(name, r0 * row_bytes, n * row_bytes), r0 + n >= nrows))
+                    put(loaded, (it, r0, *got, r0 + n >= nrows))
         except BaseException as err:  # handed to the caller's thread
             errors.append(err)
             stop.set()
@@ -184,25 +224,24 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 item = out.get()
                 if item is _DONE:
                     return
-                it, r0, data, final, work = item
+                it, r0, data, release, final, work = item
                 name = it["source"]
                 if work is None:  # a piece written as stored
                     if writer.wanted(name):
                         writer.write(name, data, final)
                 else:
-                    jobs, codes, nbytes, scales = work
+                    jobs, codes, scales = work
                     wait(jobs)
                     if any(j.result() >= 0 for j in jobs):
                         raise _torch_error(plan, src, it, r0, data)
                     _, _, codes_name, scales_name, _, _ = specs[name]
                     if writer.wanted(codes_name):
-                        with memoryview(codes) as view:
-                            writer.write(codes_name, view[:nbytes], final)
-                    recycled.give(codes)
+                        writer.write(codes_name, codes, final)
+                    codes_ring.give()
                     if final and writer.wanted(scales_name):
                         writer.write(scales_name, scales, True)
-                del data, item  # (a mapped piece is unmapped once nothing views it)
-                slots.give()
+                del data, item, work  # (a mapped piece is unmapped once nothing views it)
+                release()
         except BaseException as err:
             errors.append(err)
             stop.set()
@@ -220,7 +259,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 continue
             if got is _DONE:
                 break
-            it, first, data, final = got
+            it, first, data, release, final = got
             name = it["source"]
             dtype = src.entries[name]["dtype"]
             if it["copy"]:  # checked finite, then written
@@ -228,7 +267,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 if check is not None and data.nbytes and \
                         fused.magnitude_max(check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
                     raise _nonfinite(src, name, first, data, check)
-                put(out, (it, first, data, final, None))
+                put(out, (it, first, data, release, final, None))
                 if bar is not None:
                     bar.update(data.nbytes)
                 continue
@@ -238,12 +277,14 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
             if first == 0:
                 scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
             scales = scales_of.pop(name) if final else scales_of[name]
-            codes = recycled.take(n * k)
+            codes = codes_ring.take(n * k)
+            if codes is None:
+                break
             element, at = _ELEMENT[dtype], first // r * nbc * 4
-            pieces, step = -(-n // r), max(1, _CHUNK // (r * k))
-            jobs = [pool.submit(_quantize, element, data, codes, scales, at, n, k, r, c, b, min(b + step, pieces))
-                    for b in range(0, pieces, step)]
-            put(out, (it, first, data, final, (jobs, codes, n * k, scales)))
+            blocks, step = -(-n // r), max(1, _CHUNK // (r * k))
+            jobs = [pool.submit(_quantize, element, data, codes, scales, at, n, k, r, c, b, min(b + step, blocks))
+                    for b in range(0, blocks, step)]
+            put(out, (it, first, data, release, final, (jobs, codes, scales)))
             if bar is not None:
                 bar.update(data.nbytes)
     except BaseException as err:
@@ -254,8 +295,8 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
 
 
 def _quantize(element: str, data, codes, scales, at: int, n: int, k: int, r: int, c: int, first: int, stop: int) -> int:
-    """Block rows [first, stop) of a piece on a chunk worker. The job holds the arrays, so a piece dropped from
-    the queues after an error is not unmapped while a kernel still reads it."""
+    """Block rows [first, stop) of a piece on a chunk worker. The job holds the views, so the rings' mappings
+    outlive a kernel still reading one after an error dropped the piece from the queues."""
     from pcc import fused
 
     return fused.fp8_fp32_blocks(element, buffer_address(data), buffer_address(codes), buffer_address(scales) + at,

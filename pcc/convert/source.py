@@ -150,12 +150,8 @@ class Source:
         except (OSError, ValueError):
             return None
 
-    def map_bytes(self, name: str, first: int, count: int):
-        """Bytes [first, first + count) of stored tensor `name`'s data as a memoryview of a private mapping whose
-        page tables are filled (`map` without torch or numpy: pcc.convert.fast), or of a bytearray read with
-        pread where the file cannot be mapped. The mapping goes when the view does."""
-        from pcc.convert.shards import buffer_address
-
+    def _bytes_at(self, name: str, first: int, count: int) -> tuple[int, str, int]:
+        """(the open shard, its file name, the offset in it) of bytes [first, first + count) of stored tensor `name`."""
         file = self.where[name]
         begin, end = self.entries[name]["data_offsets"]
         if not 0 <= first <= first + count <= end - begin:
@@ -163,20 +159,33 @@ class Source:
         fd = self._handles.get(file)
         if fd is None:
             fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
-        base = self.data_start[file] + begin + first
+        return fd, file, self.data_start[file] + begin + first
+
+    def map_bytes(self, name: str, first: int, count: int):
+        """Bytes [first, first + count) of stored tensor `name`'s data as a memoryview of a private mapping whose
+        page tables are filled (`map` without torch or numpy: pcc.convert.fast), or of a bytearray read with
+        pread where the file cannot be mapped. The mapping goes when the view does."""
+        from pcc.convert.shards import buffer_address
+
+        fd, file, base = self._bytes_at(name, first, count)
         mapped = self._mapping(fd, file, name, base, count) if count else None
         if mapped is None:
-            buf, done = bytearray(count), 0
-            with memoryview(buf) as view:
-                while done < count:
-                    got = os.preadv(fd, [view[done:]], base + done)
-                    if got <= 0:
-                        raise ConvertError(f"{self.root / file}: truncated while reading {name}")
-                    done += got
-            return memoryview(buf)
+            return self.read_bytes(name, first, memoryview(bytearray(count)))
         m, skip = mapped
         _populate(buffer_address(m), skip + count)
         return memoryview(m)[skip:skip + count]
+
+    def read_bytes(self, name: str, first: int, into: memoryview) -> memoryview:
+        """Bytes [first, first + into.nbytes) of stored tensor `name`'s data, read with pread into `into` (pcc.convert.fast
+        reads small pieces into a reused ring: no mapping to set up and tear down per piece)."""
+        count, done = into.nbytes, 0
+        fd, file, base = self._bytes_at(name, first, count)
+        while done < count:
+            got = os.preadv(fd, [into[done:]], base + done)
+            if got <= 0:
+                raise ConvertError(f"{self.root / file}: truncated while reading {name}")
+            done += got
+        return into
 
     # ---- the logical view of a quantized source (pcc.convert.quantized) ----
 

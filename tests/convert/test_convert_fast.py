@@ -74,13 +74,15 @@ def test_the_gc_is_paused_while_compiling_and_given_back(bf16, tmp_path, monkeyp
         gc.enable()
 
 
-@pytest.mark.parametrize("piece", [None, 4096])
-def test_the_torch_pipelines_bytes(bf16, tmp_path, monkeypatch, piece):
+@pytest.mark.parametrize("piece, map_min", [(None, None), (4096, None), (4096, 0)])
+def test_the_torch_pipelines_bytes(bf16, tmp_path, monkeypatch, piece, map_min):
     src, contract = bf16
     taken = _spy(monkeypatch)
     if piece:
         monkeypatch.setattr(run, "PIECE_BYTES", piece)
-    monkeypatch.setattr(fast, "_RECYCLE_MIN", 1)  # every codes buffer recycled: none reused before written
+    if map_min is not None:  # every source piece mapped, none read into the ring
+        monkeypatch.setattr(fast, "_MAP_MIN", map_min)
+    monkeypatch.setattr(fast, "_SMALL_RING", 1 << 16)  # the ring's bytes reused all the time: none before written
     assert _convert(src, contract, tmp_path / "fast", "--max-shard-size", "2MB") == 0 and taken
     monkeypatch.setattr(fast, "eligible", lambda *a: None)
     assert _convert(src, contract, tmp_path / "torch", "--max-shard-size", "2MB") == 0

@@ -149,13 +149,13 @@ def test_verify_reports_tampered_codes_and_config(moe, tmp_path, capsys):
     assert "config: config.json: quantization_config" in err
 
 
-@pytest.mark.parametrize("read", ["map", "map_bytes"])  # the torch pipeline's reads, pcc.convert.fast's
+@pytest.mark.parametrize("read", ["map", "read_bytes"])  # the torch pipeline's reads, pcc.convert.fast's
 def test_a_reader_failure_is_an_error_not_a_hang(moe, tmp_path, capsys, monkeypatch, read):
     """Regression: a tensor that failed to load mid-conversion once left the pipeline waiting forever."""
     from pcc import fused
     from pcc.convert import fast, source
 
-    if read == "map_bytes" and not fused.available():
+    if read == "read_bytes" and not fused.available():
         pytest.skip("PCC_FUSED=0 turns pcc.convert.fast off")
     src, contract = moe
     real = getattr(source.Source, read)
