@@ -35,6 +35,7 @@ _ELEMENT = {"BF16": "bf16", "F32": "f32"}  # weights the block-FP8 kernel reads
 _CHUNK = 1 << 20  # elements per kernel call on a worker: pcc.numerics.quantize's chunk
 _MAP_MIN = 4 << 20  # source pieces this large are mapped, smaller ones read into a ring of _SMALL_RING bytes
 _SMALL_RING = 32 << 20
+_BATCH_BYTES = 4 << 20  # small pieces read into the ring and handed on together, up to this many bytes
 _DONE = object()
 
 
@@ -158,12 +159,40 @@ class _Ring:
             self._cond.notify()
 
 
+def _pieces(todo: list[dict], src, specs: dict, piece_bytes: int):
+    """(work item, first element or row, byte offset in its tensor, bytes, last piece of it) of every source
+    piece in write order: a tensor written as stored in pieces of at most `piece_bytes`, a quantized one in
+    whole block rows of about that many (`pcc.convert.run._pipeline`'s pieces)."""
+    for it in todo:
+        name = it["source"]
+        entry = src.entries[name]
+        size = ST_BYTES[entry["dtype"]]
+        if it["copy"]:
+            count = math.prod(entry["shape"])
+            step = max(1, piece_bytes // size)
+            for first in range(0, count, step) or [0]:
+                n = min(step, count - first)
+                yield it, first, first * size, n * size, first + n >= count
+            continue
+        *_, nrows, k = specs[name]
+        row_bytes = k * size
+        step = max(1, piece_bytes // row_bytes // it["rows"]) * it["rows"] if it["rows"] else nrows
+        for r0 in range(0, nrows, step):
+            n = min(step, nrows - r0)
+            yield it, r0, r0 * row_bytes, n * row_bytes, r0 + n >= nrows
+
+
 def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
-    """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted)."""
+    """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted).
+
+    What moves between the threads is a batch of pieces: one large piece (mapped), or consecutive small ones read
+    into the ring together (at most _BATCH_BYTES), so a MoE's experts cost one hand-off per few of them, not four
+    per expert (the queues, the workers' job, the writer's wait: 0.1-0.2 CPU-s of the bench's MoE, most of it
+    holding the GIL)."""
     from pcc import fused
     from pcc.convert import run
 
-    loaded: queue.Queue = queue.Queue()  # (bounded by the rings' bytes)
+    loaded: queue.Queue = queue.Queue()  # (bounded by the rings' bytes and the slots)
     out: queue.Queue = queue.Queue()
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -174,41 +203,41 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
 
     put = functools.partial(run.put_until, stop)
 
-    def take(name: str, first: int, nbytes: int):
-        """(source bytes [first, first + nbytes) of `name`, what gives their room back once written): a small
-        piece read into the ring, a large one mapped (both cost 0.12-0.13 CPU-s per GB, but reading needs memory
-        first touched, 0.6 ms per MiB here, and mapping a small piece costs a system call and its page tables'
-        teardown: docs/convert.md "Speed"); None once the pipeline stops."""
-        if nbytes < _MAP_MIN:
-            buf = ring.take(nbytes)
-            return None if buf is None else (src.read_bytes(name, first, buf), ring.give)
-        return (src.map_bytes(name, first, nbytes), slots.give) if slots.take() else None
+    def read_batch(batch: list, nbytes: int) -> bool:
+        """Small pieces read into the ring together (mapping a small piece costs a system call and its page
+        tables' teardown; reading needs memory first touched, 0.6 ms per MiB here: the ring keeps to a few);
+        False once the pipeline stops."""
+        buf = ring.take(nbytes)
+        if buf is None:
+            return False
+        parts, at = [], 0
+        for it, first, offset, count, final in batch:
+            parts.append((it, first, src.read_bytes(it["source"], offset, buf[at:at + count]), final))
+            at += count
+        put(loaded, (parts, ring.give))
+        return True
 
     def reader():
         try:
-            for it in todo:
-                name = it["source"]
-                entry = src.entries[name]
-                size = ST_BYTES[entry["dtype"]]
-                if it["copy"]:  # written as stored: in pieces of at most PIECE_BYTES
-                    count = math.prod(entry["shape"])
-                    step = max(1, run.PIECE_BYTES // size)
-                    for first in range(0, count, step) or [0]:
-                        n = min(step, count - first)
-                        got = take(name, first * size, n * size)
-                        if got is None:
+            batch, nbytes = [], 0
+            for piece in _pieces(todo, src, specs, run.PIECE_BYTES):
+                it, first, offset, count, final = piece
+                if count < _MAP_MIN:
+                    if batch and nbytes + count > _BATCH_BYTES:
+                        if not read_batch(batch, nbytes):
                             return
-                        put(loaded, (it, first, *got, first + n >= count))
+                        batch, nbytes = [], 0
+                    batch.append(piece)
+                    nbytes += count
                     continue
-                *_, nrows, k = specs[name]
-                row_bytes = k * size
-                step = max(1, run.PIECE_BYTES // row_bytes // it["rows"]) * it["rows"] if it["rows"] else nrows
-                for r0 in range(0, nrows, step):
-                    n = min(step, nrows - r0)
-                    got = take(name, r0 * row_bytes, n * row_bytes)
-                    if got is None:
-                        return
-                    put(loaded, (it, r0, *got, r0 + n >= nrows))
+                if batch and not read_batch(batch, nbytes):
+                    return
+                batch, nbytes = [], 0
+                if not slots.take():
+                    return
+                put(loaded, ([(it, first, src.map_bytes(it["source"], offset, count), final)], slots.give))
+            if batch:
+                read_batch(batch, nbytes)
         except BaseException as err:  # handed to the caller's thread
             errors.append(err)
             stop.set()
@@ -224,23 +253,26 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 item = out.get()
                 if item is _DONE:
                     return
-                it, r0, data, release, final, work = item
-                name = it["source"]
-                if work is None:  # a piece written as stored
-                    if writer.wanted(name):
-                        writer.write(name, data, final)
-                else:
-                    jobs, codes, scales = work
-                    wait(jobs)
-                    if any(j.result() >= 0 for j in jobs):
-                        raise _torch_error(plan, src, it, r0, data)
+                parts, release, jobs, work, codes = item
+                wait(jobs)
+                bad = [j.result() for j in jobs if j.result() >= 0]
+                if bad:
+                    it, first, data, _ = parts[min(bad)]
+                    raise _torch_error(plan, src, it, first, data)
+                for (it, _, data, final), w in zip(parts, work):
+                    name = it["source"]
+                    if w is None:  # a piece written as stored
+                        if writer.wanted(name):
+                            writer.write(name, data, final)
+                        continue
                     _, _, codes_name, scales_name, _, _ = specs[name]
                     if writer.wanted(codes_name):
-                        writer.write(codes_name, codes, final)
-                    codes_ring.give()
+                        writer.write(codes_name, w[0], final)
                     if final and writer.wanted(scales_name):
-                        writer.write(scales_name, scales, True)
-                del data, item, work  # (a mapped piece is unmapped once nothing views it)
+                        writer.write(scales_name, w[1], True)
+                if codes is not None:
+                    codes_ring.give()
+                del parts, data, item, work, w, codes  # (a mapped piece is unmapped once nothing views it)
                 release()
         except BaseException as err:
             errors.append(err)
@@ -259,34 +291,40 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 continue
             if got is _DONE:
                 break
-            it, first, data, release, final = got
-            name = it["source"]
-            dtype = src.entries[name]["dtype"]
-            if it["copy"]:  # checked finite, then written
-                check = _CHECKED.get(dtype)
-                if check is not None and data.nbytes and \
-                        fused.magnitude_max(check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
-                    raise _nonfinite(src, name, first, data, check)
-                put(out, (it, first, data, release, final, None))
-                if bar is not None:
-                    bar.update(data.nbytes)
-                continue
-            r, c, _, _, nrows, k = specs[name]
-            n = data.nbytes // (k * ST_BYTES[dtype])
-            nbr, nbc = -(-nrows // r), -(-k // c)
-            if first == 0:
-                scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
-            scales = scales_of.pop(name) if final else scales_of[name]
-            codes = codes_ring.take(n * k)
-            if codes is None:
-                break
-            element, at = _ELEMENT[dtype], first // r * nbc * 4
-            blocks, step = -(-n // r), max(1, _CHUNK // (r * k))
-            jobs = [pool.submit(_quantize, element, data, codes, scales, at, n, k, r, c, b, min(b + step, blocks))
-                    for b in range(0, blocks, step)]
-            put(out, (it, first, data, release, final, (jobs, codes, scales)))
+            parts, release = got
+            quantized = [k for k, (it, _, _, _) in enumerate(parts) if not it["copy"]]
+            codes = None
+            if quantized:
+                codes = codes_ring.take(sum(parts[k][2].nbytes // ST_BYTES[src.entries[parts[k][0]["source"]]["dtype"]]
+                                            for k in quantized))
+                if codes is None:
+                    break
+            work, calls, at = [], [], 0
+            for k, (it, first, data, final) in enumerate(parts):
+                name = it["source"]
+                dtype = src.entries[name]["dtype"]
+                if it["copy"]:  # checked finite, then written
+                    check = _CHECKED.get(dtype)
+                    if check is not None and data.nbytes and \
+                            fused.magnitude_max(check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
+                        raise _nonfinite(src, name, first, data, check)
+                    work.append(None)
+                    continue
+                r, c, _, _, nrows, cols = specs[name]
+                n = data.nbytes // (cols * ST_BYTES[dtype])
+                nbr, nbc = -(-nrows // r), -(-cols // c)
+                if first == 0:
+                    scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
+                scales = scales_of.pop(name) if final else scales_of[name]
+                mine = codes[at:at + n * cols]
+                at += n * cols
+                work.append((mine, scales))
+                blocks, step = -(-n // r), max(1, _CHUNK // (r * cols))
+                calls += [(k, _ELEMENT[dtype], data, mine, scales, first // r * nbc * 4, n, cols, r, c, b,
+                           min(b + step, blocks)) for b in range(0, blocks, step)]
+            put(out, (parts, release, [pool.submit(_quantize, job) for job in _jobs(calls)], work, codes))
             if bar is not None:
-                bar.update(data.nbytes)
+                bar.update(sum(p[2].nbytes for p in parts))
     except BaseException as err:
         errors.append(err)
         stop.set()
@@ -294,13 +332,30 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
         run.wind_down(errors, stop, out, _DONE, threads, bar, lambda: pool.shutdown(wait=True, cancel_futures=True))
 
 
-def _quantize(element: str, data, codes, scales, at: int, n: int, k: int, r: int, c: int, first: int, stop: int) -> int:
-    """Block rows [first, stop) of a piece on a chunk worker. The job holds the views, so the rings' mappings
-    outlive a kernel still reading one after an error dropped the piece from the queues."""
+def _jobs(calls: list[tuple]) -> list[list[tuple]]:
+    """Kernel calls grouped into chunk-worker jobs of about _CHUNK elements each (a large piece's calls are that
+    size already; a batch's small tensors go several to a job)."""
+    jobs, size = [], _CHUNK
+    for call in calls:
+        if size >= _CHUNK:
+            jobs.append([])
+            size = 0
+        jobs[-1].append(call)
+        size += (call[-1] - call[-2]) * call[8] * call[7]  # block rows x rows per block x columns
+    return jobs
+
+
+def _quantize(calls: list[tuple]) -> int:
+    """A job's kernel calls on a chunk worker, each block rows [first, stop) of a piece: -1, or the index in its
+    batch of the first piece a kernel found NaN or inf in. The job holds the views, so the rings' mappings outlive
+    a kernel still reading one after an error dropped the batch from the queues."""
     from pcc import fused
 
-    return fused.fp8_fp32_blocks(element, buffer_address(data), buffer_address(codes), buffer_address(scales) + at,
-                                 n, k, r, c, first, stop)
+    for k, element, data, codes, scales, at, n, cols, r, c, first, stop in calls:
+        if fused.fp8_fp32_blocks(element, buffer_address(data), buffer_address(codes), buffer_address(scales) + at,
+                                 n, cols, r, c, first, stop) >= 0:
+            return k
+    return -1
 
 
 def _nonfinite(src, name: str, first: int, data, check) -> ConvertError:

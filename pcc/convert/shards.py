@@ -7,7 +7,7 @@ completion record's digest matches the file.
 
 Shards are digested with BLAKE3 (`SHARD_HASH`): a cryptographic hash like SHA-256, but 4-5x faster
 on one core (5.0 against 1.1 GB/s here, docs/convert.md "Speed"); a shard written with O_DIRECT is hashed on
-the disk thread, each staging buffer just before it is written. A record written with SHA-256 (before) still
+a thread of its own, each staging buffer while the disk thread writes it. A record written with SHA-256 (before) still
 verifies with SHA-256.
 """
 
@@ -115,6 +115,7 @@ def complete(root: Path, shard: Shard, job: str) -> bool:
 FLUSH_BYTES = 64 << 20
 _DATASYNC = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 STAGE_BYTES = 16 << 20  # one direct write
+STAGE_COUNT = 3  # staging buffers per shard: one filled, one written, one hashed (or waiting)
 # O_DIRECT wants offsets, lengths and buffer addresses aligned to the device's logical block size;
 # 4096 is a multiple of every size in use, and the staging buffers (mmap) are page-aligned.
 _ALIGN = 4096
@@ -133,13 +134,10 @@ def _open_direct(path: Path) -> int | None:
         raise
 
 
-def _digest_write(digest, fd: int, buf, filled: int, length: int) -> None:
-    """A staging buffer's `filled` bytes hashed, then written (`length`: padded to the block size). On the disk
-    thread, in order: BLAKE3 lets go of the GIL, and the thread that fills the buffers does not wait for the
-    hash (0.12 CPU-s of the bench's MoE conversion moved off it)."""
+def _digest(digest, buf, filled: int) -> None:
+    """A staging buffer's first `filled` bytes into the shard's digest (on the hash thread, in order)."""
     with memoryview(buf) as whole, whole[:filled] as data:
         digest.update(data)
-    _write_all(fd, buf, length)
 
 
 def _write_all(fd: int, buf, length: int) -> None:
@@ -187,20 +185,22 @@ def buffer_address(buf) -> int | None:
 
 
 class _Direct(_Sink):
-    """A shard written with O_DIRECT from two page-aligned staging buffers: one is filled while a
-    thread of its own writes the other, so the disk works while the next tensors are computed, and
-    no page cache is filled and written back. On ext4 here buffered writes cost 0.4-2.6 s of system
-    time per GB, varying with the state of the page cache, direct ones about 0.05 (docs/convert.md
-    "Speed"). The last partial block is written zero-padded and the file truncated to its size.
-    Data is copied into them with ctypes' memmove, which lets go of the GIL (a memoryview copy holds
-    it: 1.2 GB of copies stalled the quantizing threads, most on a busy machine), and without numpy,
-    whose import the torch-free conversion (pcc.convert.fast) does not pay (0.14 CPU-s here)."""
+    """A shard written with O_DIRECT from STAGE_COUNT page-aligned staging buffers: one is filled while the disk
+    thread writes another and the hash thread digests it (both only read it), so the disk works while the next
+    tensors are computed, the hash does not delay the writes (on the disk thread it made that thread the
+    bench MoE's bottleneck: 0.6-0.8 s busy for 0.79 GB, 0.13-0.24 of it hashing), and no page cache is filled
+    and written back. On ext4 here buffered writes cost 0.4-2.6 s of system time per GB, varying with the state
+    of the page cache, direct ones about 0.05 (docs/convert.md "Speed"). The last partial block is written
+    zero-padded and the file truncated to its size. Data is copied into them with ctypes' memmove, which lets go
+    of the GIL (a memoryview copy holds it: 1.2 GB of copies stalled the quantizing threads, most on a busy
+    machine), and without numpy, whose import the torch-free conversion (pcc.convert.fast) does not pay."""
 
-    def __init__(self, fd: int, pool: ThreadPoolExecutor, digest):
+    def __init__(self, fd: int, pool: ThreadPoolExecutor, digest, hashing: ThreadPoolExecutor):
         super().__init__(pool, digest)
-        self._fd = fd
-        self._bufs = [mmap.mmap(-1, STAGE_BYTES) for _ in range(2)]
+        self._fd, self._hashing = fd, hashing
+        self._bufs = [mmap.mmap(-1, STAGE_BYTES) for _ in range(STAGE_COUNT)]
         self._at = [buffer_address(b) for b in self._bufs]  # (valid until the mapping is closed)
+        self._busy: list[list[Future]] = [[] for _ in self._bufs]  # each buffer's hash and write in flight
         self._k, self._fill = 0, 0
 
     def write(self, data) -> None:
@@ -222,10 +222,21 @@ class _Direct(_Sink):
             self.written += total
 
     def _submit(self, length: int) -> None:
-        self._wait()
-        self._pending = self._pool.submit(_digest_write, self._digest, self._fd, self._bufs[self._k], self._fill,
-                                          length)
-        self._k, self._fill = 1 - self._k, 0
+        buf = self._bufs[self._k]
+        self._busy[self._k] = [self._hashing.submit(_digest, self._digest, buf, self._fill),
+                               self._pool.submit(_write_all, self._fd, buf, length)]
+        self._k, self._fill = (self._k + 1) % len(self._bufs), 0
+        self._free(self._k)
+
+    def _free(self, k: int) -> None:
+        """Buffer k's hash and write have finished (a write's error is raised here)."""
+        busy, self._busy[k] = self._busy[k], []
+        for f in busy:
+            f.result()
+
+    def _wait(self) -> None:
+        for k in range(len(self._bufs)):
+            self._free(k)
 
     def close(self) -> None:
         try:
@@ -241,8 +252,9 @@ class _Direct(_Sink):
 
     def discard(self) -> None:
         """Closed unfinished after a failure, which this does not raise again."""
-        with contextlib.suppress(OSError):
-            self._wait()
+        for k in range(len(self._bufs)):
+            with contextlib.suppress(OSError):
+                self._free(k)
         self._release()
 
     def _release(self) -> None:
@@ -300,6 +312,7 @@ class ShardWriter:
         self.digests = {}
         self._k, self._pos, self._f, self._h = -1, 0, None, None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
+        self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
 
     def wanted(self, name: str) -> bool:
         return name in self.owner
@@ -328,7 +341,8 @@ class ShardWriter:
         path = self.root / (shard.file + ".tmp")
         fd = _open_direct(path)
         self._h = hasher(SHARD_HASH)
-        self._f = _Buffered(path, self._pool, self._h) if fd is None else _Direct(fd, self._pool, self._h)
+        self._f = _Buffered(path, self._pool, self._h) if fd is None else _Direct(fd, self._pool, self._h,
+                                                                                  self._hashing)
         self._f.write(shard.header)
 
     def _close(self) -> None:
@@ -351,9 +365,11 @@ class ShardWriter:
         if f is not None:
             f.discard()
         self._pool.shutdown()
+        self._hashing.shutdown()
 
     def finish(self) -> None:
         self._pool.shutdown()
+        self._hashing.shutdown()
         if self._f is not None:
             raise ConvertError(f"{self.shards[self._k].file}: input ended before the shard was full")
         missing = [s.file for s in self.shards if s.file not in self.digests]
