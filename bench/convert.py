@@ -283,13 +283,14 @@ def _out_sizes(ckpt: str) -> Path:
 def physical(dst: Path, ckpt: str) -> None:
     """The physical floor: every source byte read once (pread from the files the conversion reads) and the
     bytes of pcc's output shards written as pcc's writer writes them (pcc.convert.shards._Direct): O_DIRECT
-    from two page-aligned 16 MiB staging buffers, one written on a disk thread while the next is read into
-    the other, the last block zero-padded, each file truncated to its size, fsynced and renamed, then the
-    directory fsynced. Nothing is computed: what is written is the source's first bytes."""
+    from three page-aligned 16 MiB staging buffers (STAGE_COUNT, STAGE_BYTES), each written on a disk thread
+    while the next is read into another, the last block zero-padded, each file truncated to its size, fsynced
+    and renamed, then the directory fsynced. Nothing is computed or hashed: what is written is the source's
+    first bytes."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
-    stage, align = 16 << 20, 4096
+    stage, count, align = 16 << 20, 3, 4096
     src = CHECKPOINTS[ckpt][1]
     shards = json.loads(_out_sizes(ckpt).read_text())
     fds = [os.open(f, os.O_RDONLY) for f in sorted(src.glob("*.safetensors"))]
@@ -315,10 +316,10 @@ def physical(dst: Path, ckpt: str) -> None:
                 with whole[done:length] as view:
                     done += os.write(fd, view)
 
-    bufs = [mmap.mmap(-1, stage) for _ in range(2)]
+    bufs = [mmap.mmap(-1, stage) for _ in range(count)]
     spare = mmap.mmap(-1, stage)  # the source bytes beyond what is written, read in step with the writes
     pool = ThreadPoolExecutor(1)
-    pending = [None, None]
+    pending = [None] * count
     dst.mkdir()
     k, written = 0, 0
     for name, size in shards:
@@ -336,7 +337,7 @@ def physical(dst: Path, ckpt: str) -> None:
                 if fill(view[:n]) < n:
                     raise SystemExit(f"{src}: smaller than the output")
             pending[k] = pool.submit(write_all, fd, bufs[k], -(-n // align) * align)
-            k, left, written = 1 - k, left - n, written + n
+            k, left, written = (k + 1) % count, left - n, written + n
             # the rest of the source read in step with the writes (what is still to be written kept for them)
             goal = min(written * total_in // total_out, total_in - (total_out - written))
             with memoryview(spare) as view:
@@ -345,7 +346,7 @@ def physical(dst: Path, ckpt: str) -> None:
         for p in pending:
             if p is not None:
                 p.result()
-        pending = [None, None]
+        pending = [None] * count
         os.ftruncate(fd, size)
         os.fsync(fd)
         os.close(fd)
