@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from convert_helpers import make_checkpoint, write_contract
@@ -46,7 +48,10 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
 def test_direct_writes_give_the_bytes_of_buffered_ones(moe, tmp_path, monkeypatch):
     """O_DIRECT shards (staging buffers of 8 KiB here: many swaps, a zero-padded last block truncated
     away) are the page cache writer's files byte for byte, and are what the writer used where the
-    filesystem offers O_DIRECT."""
+    filesystem offers O_DIRECT; each shard's recorded digest, computed buffer by buffer on the hash thread
+    while the disk thread writes, is BLAKE3 of the whole file (blake3 over the bytes read back)."""
+    from blake3 import blake3
+
     src, contract = moe
     opened = []
     real = shards._open_direct
@@ -62,6 +67,9 @@ def test_direct_writes_give_the_bytes_of_buffered_ones(moe, tmp_path, monkeypatc
     assert _convert(src, contract, buffered, "--max-shard-size", "300KB") == 0
     assert _files(direct) == _files(buffered)
     assert all(p.stat().st_size % 4096 for p in direct.glob("*.safetensors"))  # the padding is gone
+    for out in (direct, buffered):
+        recorded = json.loads((out / "pcc_convert.json").read_text())["shards"]
+        assert recorded == {f: blake3((out / f).read_bytes()).hexdigest() for f in recorded} and len(recorded) > 2
 
 
 def test_mapped_reads_equal_pread_never_write_the_source_and_fall_back(moe, tmp_path, monkeypatch):
