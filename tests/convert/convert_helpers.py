@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pcc.models.builtin import catalog_from_config
@@ -67,3 +70,37 @@ def make_checkpoint(directory: Path, model: str = "tiny_moe", shards: int = 2, s
     (directory / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')
     (directory / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.6}')
     return tensors
+
+
+def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory's shards, read with safetensors' own loader."""
+    out = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            out.update({n: h.get_tensor(n) for n in h.keys()})
+    return out
+
+
+def e2m1(codes: np.ndarray) -> np.ndarray:
+    """E2M1 codes as their float32 values (ml_dtypes' float4_e2m1fn)."""
+    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+
+
+def unpack_fp4(packed: np.ndarray, k: int) -> np.ndarray:
+    """uint8 [N, K/2] -> E2M1 codes [N, K]: element 2i in the low nibble, 2i+1 in the high one."""
+    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
+    return out[:, :k]
+
+
+def nvfp4_reference(x: np.ndarray, amax: np.float32):
+    """NVFP4 by its definition (TransformerEngine's two-level scaling, docs/numerics.md), in float32:
+    S_enc = 2688 / amax; s_b = e4m3(amax_b * (S_enc * (1/6))); codes = e2m1(x * (1 / (s_b * (1/S_enc)))).
+    (codes [N, K], block scales as their E4M3 bytes, the global scale 1 / S_enc)."""
+    n, k = x.shape
+    s_enc = np.float32(448.0 * 6.0) / amax
+    blocks = x.reshape(n, k // 16, 16)
+    s_b = (np.abs(blocks).max(-1) * (s_enc * np.float32(1.0 / 6.0))).astype(ml_dtypes.float8_e4m3fn)
+    factor = np.float32(1.0) / (s_b.astype(np.float32) * (np.float32(1.0) / s_enc))
+    codes = (blocks * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(n, k)
+    return codes, s_b.view(np.uint8), np.float32(1.0) / s_enc

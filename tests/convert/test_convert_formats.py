@@ -8,8 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from convert_helpers import FORMATS, make_checkpoint, write_contract
-from safetensors import safe_open
+from convert_helpers import FORMATS, load_tensors, make_checkpoint, write_contract
 
 from pcc.cli import main
 
@@ -23,14 +22,6 @@ def sources(tmp_path_factory):
     for model in ("tiny_moe", "tiny_dense"):
         out[model] = (root / model, make_checkpoint(root / model, model))
     return out
-
-
-def _load(directory):
-    tensors = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            tensors.update({n: h.get_tensor(n) for n in h.keys()})
-    return tensors
 
 
 def _run(args, capsys):
@@ -50,7 +41,7 @@ def test_format_converts_and_verifies(fmt, sources, tmp_path, capsys):
                         capsys)
     assert code == 0, report["problems"]
     assert report["values_checked"] == len(written)  # --full: every operator
-    out = _load(dst)
+    out = load_tensors(dst)
     index = json.loads((dst / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(out)
     assert (dst / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
@@ -73,7 +64,7 @@ def test_block_fp8_matches_an_independent_computation(sources, tmp_path, capsys)
     dst = tmp_path / "out"
     assert main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--json"]) == 0
     capsys.readouterr()
-    out = _load(dst)
+    out = load_tensors(dst)
     config = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "fp8" and config["weight_block_size"] == [128, 128]
     assert config["activation_scheme"] == "dynamic"
@@ -105,7 +96,7 @@ def test_int4_config_is_valid_compressed_tensors(sources, tmp_path, capsys):
     parsed = QuantizationConfig.model_validate(qc)
     assert parsed.model_dump(mode="json") == qc
     assert parsed.config_groups["group_0"].weights.group_size == 32
-    out = _load(dst)
+    out = load_tensors(dst)
     assert out["model.layers.0.mlp.down_proj.weight_packed"].dtype == torch.int32
     assert out["model.layers.0.mlp.down_proj.weight_shape"].tolist() == [128, 256]
 
@@ -116,7 +107,7 @@ def test_nvfp4_scales_follow_modelopt(sources, tmp_path, capsys):
     dst = tmp_path / "out"
     assert main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--json"]) == 0
     capsys.readouterr()
-    out = _load(dst)
+    out = load_tensors(dst)
     p = "model.layers.1.mlp.experts.3.up_proj"
     amax = written[p + ".weight"].float().abs().max()
     assert torch.allclose(out[p + ".weight_scale_2"], amax / (448 * 6), rtol=1e-6)

@@ -7,8 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from convert_helpers import make_checkpoint, write_contract
-from safetensors import safe_open
+from convert_helpers import load_tensors, make_checkpoint, write_contract
 from safetensors.torch import save_file
 
 from pcc.cli import main
@@ -24,14 +23,6 @@ EXPERTS = "model.layers.{}.mlp.experts.{}.{}_proj"
 def source(tmp_path_factory):
     root = tmp_path_factory.mktemp("src") / "tiny_moe"
     return root, make_checkpoint(root, "tiny_moe", shards=1)
-
-
-def _load(directory):
-    out = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            out.update({n: h.get_tensor(n) for n in h.keys()})
-    return out
 
 
 def _convert(contract, src, dst, capsys, *extra):
@@ -79,7 +70,7 @@ def test_calibrate_writes_the_runtime_models_activation_amax_over_2688(source, t
     code, summary, err = _convert(contract, src, tmp_path / "out", capsys, "--calibrate")
     assert code == 0 and summary["calibrated_input_scales"] == summary["input_scales"] == 3 * 8 * 3
     assert summary["uncalibrated_input_scales"] == 0 and "WARNING" not in err
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     arch = Arch.from_catalog(catalog_from_checkpoint(src))
     rec = _Inputs({k: v.float() for k, v in written.items()}, arch.experts)
     forward(arch, rec, calibration_tokens())
@@ -104,7 +95,7 @@ def test_small_supported_model_is_calibrated_by_default(source, tmp_path, capsys
     code, summary, _ = _convert(contract, src, tmp_path / "auto", capsys)
     code2, forced, _ = _convert(contract, src, tmp_path / "forced", capsys, "--calibrate")
     assert code == code2 == 0 and summary["calibrated_input_scales"] == 72
-    auto, cal = _load(tmp_path / "auto"), _load(tmp_path / "forced")
+    auto, cal = load_tensors(tmp_path / "auto"), load_tensors(tmp_path / "forced")
     assert all(torch.equal(auto[n], cal[n]) for n in auto if n.endswith(".input_scale"))
 
 
@@ -124,7 +115,7 @@ def test_source_input_scales_are_carried_over_and_shared_by_fused_projections(so
     code, summary, _ = _convert(contract, mine, tmp_path / "out", capsys)
     assert code == 0, summary
     assert (summary["carried_input_scales"], summary["calibrated_input_scales"]) == (24, 48)
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     for name, value in extra.items():
         assert out[name].dtype == torch.float32 and out[name].shape == ()
         # an expert's gate and up are one fused GEMM with one input scale: the larger of the two carried
@@ -133,7 +124,7 @@ def test_source_input_scales_are_carried_over_and_shared_by_fused_projections(so
         assert out[name].item() == want, name
     assert out[EXPERTS.format(1, 2, "gate") + ".input_scale"].item() != extra[EXPERTS.format(1, 2, "gate")
                                                                              + ".input_scale"].item()
-    calibrated = _load(_calibrated(contract, src, tmp_path, capsys))  # same weights, no source scales
+    calibrated = load_tensors(_calibrated(contract, src, tmp_path, capsys))  # same weights, no source scales
     layer2 = [n for n in out if n.startswith("model.layers.2.") and n.endswith(".input_scale")]
     assert layer2 and all(torch.equal(out[n], calibrated[n]) for n in layer2)
     code, report = _verify(contract, tmp_path / "out", mine, capsys)
@@ -158,7 +149,7 @@ def test_without_calibration_it_warns_and_verify_reports_it(source, tmp_path, ca
     code, summary, err = _convert(contract, src, tmp_path / "out", capsys, "--no-calibrate")
     assert code == 0 and summary["uncalibrated_input_scales"] == 72 and summary["calibrated_input_scales"] == 0
     assert "WARNING: 72 of 72 static input_scale" in err and "--no-calibrate" in err
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     assert all(out[n].item() == 1.0 for n in out if n.endswith(".input_scale"))
     code, report = _verify(contract, tmp_path / "out", src, capsys)
     assert code == 0 and report["uncalibrated_input_scales"] == 72
@@ -200,7 +191,7 @@ def test_calibration_measures_what_transformers_computes(source, tmp_path, capsy
     transformers = pytest.importorskip("transformers")
     src, _ = source
     contract = write_contract(tmp_path, "nvfp4")
-    out = _load(_calibrated(contract, src, tmp_path, capsys))
+    out = load_tensors(_calibrated(contract, src, tmp_path, capsys))
     model = transformers.Qwen3MoeForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
     amax = {}
     for i, layer in enumerate(model.model.layers):
@@ -224,7 +215,7 @@ def test_calibration_tokens_from_a_file(source, tmp_path, capsys):
     arch = Arch.from_catalog(catalog_from_checkpoint(src))
     rec = _Inputs({k: v.float() for k, v in written.items()}, arch.experts)
     forward(arch, rec, tokens.long())
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     name = EXPERTS.format(2, 4, "down")
     assert out[name + ".input_scale"].item() == torch.tensor(rec.amax[name + ".weight"] / 2688.0).item()
     save_file({"input_ids": tokens + 600}, str(tmp_path / "bad.safetensors"))

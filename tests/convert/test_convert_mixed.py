@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from safetensors import safe_open  # noqa: E402
+from convert_helpers import e2m1, load_tensors, nvfp4_reference, unpack_fp4  # noqa: E402
 
 from pcc.cli import main  # noqa: E402
 
@@ -51,15 +51,7 @@ def converted(tmp_path_factory):
     contract = tmp / "c.prec"
     contract.write_text(CONTRACT.format(src=tmp / "src"), encoding="utf-8")
     assert main(["convert", str(contract), "--from", str(tmp / "src"), "--to", str(tmp / "out")]) == 0
-    return tmp, _load(tmp / "src"), _load(tmp / "out")
-
-
-def _load(d):
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            out.update({n: h.get_tensor(n) for n in h.keys()})
-    return out
+    return tmp, load_tensors(tmp / "src"), load_tensors(tmp / "out")
 
 
 def _np(t) -> np.ndarray:
@@ -114,27 +106,6 @@ def test_fp8_members_are_per_tensor_e4m3_with_a_static_input_scale(converted):
             assert inp.dtype == torch.float32 and inp.shape == () and 0 < float(inp) != 1.0  # calibrated
 
 
-def _e2m1(codes: np.ndarray) -> np.ndarray:
-    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-
-
-def _unpack(packed: np.ndarray, k: int) -> np.ndarray:
-    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
-    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
-    return out[:, :k]
-
-
-def _nvfp4(x: np.ndarray, amax: np.float32):
-    """NVFP4 by its definition: S_enc = 2688 / amax; s_b = e4m3(amax_b * S_enc / 6); codes = e2m1(x / (s_b / S_enc))."""
-    n, k = x.shape
-    s_enc = np.float32(448.0 * 6.0) / amax
-    blocks = x.reshape(n, k // 16, 16)
-    s_b = (np.abs(blocks).max(-1) * (s_enc * np.float32(1.0 / 6.0))).astype(ml_dtypes.float8_e4m3fn)
-    factor = np.float32(1.0) / (s_b.astype(np.float32) * (np.float32(1.0) / s_enc))
-    codes = (blocks * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(n, k)
-    return codes, s_b.view(np.uint8), np.float32(1.0) / s_enc
-
-
 @pytest.mark.parametrize("name", ["model.layers.1.mlp.experts.2.gate_proj", "model.layers.1.mlp.experts.2.down_proj",
                                   "lm_head"])
 def test_nvfp4_members_are_nvfp4_by_definition(converted, name):
@@ -146,12 +117,12 @@ def test_nvfp4_members_are_nvfp4_by_definition(converted, name):
         stem = name.rsplit(".", 1)[0]
         group = [stem + ".gate_proj", stem + ".up_proj"]
     amax = np.float32(max(np.abs(_np(src[m + ".weight"])).max() for m in group))
-    codes, s_b, ws2 = _nvfp4(x, amax)
+    codes, s_b, ws2 = nvfp4_reference(x, amax)
     assert float(out[name + ".weight_scale_2"]) == float(ws2)
-    assert np.array_equal(_unpack(out[name + ".weight"].numpy(), x.shape[1]), codes)
+    assert np.array_equal(unpack_fp4(out[name + ".weight"].numpy(), x.shape[1]), codes)
     assert np.array_equal(out[name + ".weight_scale"].view(torch.uint8).numpy(), s_b)
     d = np.repeat(s_b.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * ws2, 16, axis=1)
-    err = np.abs(_e2m1(codes) * d - x)
+    err = np.abs(e2m1(codes) * d - x)
     bound = (np.maximum(0.25 * d, np.abs(x) / 4) + np.maximum(np.abs(x) - 6 * d, 0)) * (1 + 2**-20)
     assert (err <= bound).all()
     assert (name + ".input_scale" in out) == (name == "lm_head")
@@ -196,7 +167,7 @@ def test_qwen3_5_moe_converts_as_nvidias_mixed_export(tmp_path, capsys):
     contract.write_text(QWEN3_5_CONTRACT.format(src=tmp_path / "src"), encoding="utf-8")
     assert main(["convert", str(contract), "--from", str(tmp_path / "src"), "--to", str(tmp_path / "out")]) == 0
     assert "WARNING" in capsys.readouterr().err
-    src, out = _load(tmp_path / "src"), _load(tmp_path / "out")
+    src, out = load_tensors(tmp_path / "src"), load_tensors(tmp_path / "out")
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
     lm = "model.language_model.layers."
     assert {k.removeprefix(lm + "0."): v["quant_algo"] for k, v in qc["quantized_layers"].items()
@@ -212,8 +183,8 @@ def test_qwen3_5_moe_converts_as_nvidias_mixed_export(tmp_path, capsys):
         assert float(out[name + ".input_scale"]) == 1.0
     name = lm + "1.mlp.shared_expert.down_proj"
     x = _np(src[name + ".weight"])
-    codes, s_b, ws2 = _nvfp4(x, np.float32(np.abs(x).max()))
-    assert np.array_equal(_unpack(out[name + ".weight"].numpy(), x.shape[1]), codes)
+    codes, s_b, ws2 = nvfp4_reference(x, np.float32(np.abs(x).max()))
+    assert np.array_equal(unpack_fp4(out[name + ".weight"].numpy(), x.shape[1]), codes)
     assert name + ".input_scale" not in out
     for wide in (lm + "0.linear_attn.in_proj_a.weight", lm + "0.linear_attn.conv1d.weight", lm + "1.mlp.gate.weight",
                  "model.language_model.embed_tokens.weight"):

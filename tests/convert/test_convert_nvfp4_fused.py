@@ -14,8 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from convert_helpers import make_checkpoint
-from safetensors import safe_open
+from convert_helpers import e2m1, load_tensors, make_checkpoint, nvfp4_reference, unpack_fp4
 
 from pcc.cli import main
 from pcc.lower import compile_file
@@ -32,14 +31,6 @@ def _contract(directory, model, rules=None):
     path = directory / f"{model}.prec"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-def _load(directory):
-    out = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            out.update({n: h.get_tensor(n) for n in h.keys()})
-    return out
 
 
 def _groups(model: str) -> dict[str, list[str]]:
@@ -93,37 +84,13 @@ def test_a_member_kept_wide_leaves_the_group():
     assert not any("q_proj" in m for g in groups for m in g)
 
 
-def _e2m1(codes: np.ndarray) -> np.ndarray:
-    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-
-
-def _unpack(packed: np.ndarray, k: int) -> np.ndarray:
-    """uint8 [N, K/2] -> E2M1 codes [N, K]: element 2i in the low nibble, 2i+1 in the high one."""
-    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
-    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
-    return out[:, :k]
-
-
-def _reference(x: np.ndarray, amax: np.float32):
-    """NVFP4 by its definition (TransformerEngine's two-level scaling, docs/numerics.md), in float32:
-    S_enc = 2688 / amax; s_b = e4m3(amax_b * (S_enc * (1/6))); codes = e2m1(x * (1 / (s_b * (1/S_enc))))."""
-    n, k = x.shape
-    s_enc = np.float32(448.0 * 6.0) / amax
-    blocks = x.reshape(n, k // 16, 16)
-    amax_b = np.abs(blocks).max(-1)
-    s_b = (amax_b * (s_enc * np.float32(1.0 / 6.0))).astype(ml_dtypes.float8_e4m3fn)
-    factor = np.float32(1.0) / (s_b.astype(np.float32) * (np.float32(1.0) / s_enc))
-    codes = (blocks * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(n, k)
-    return codes, s_b.view(np.uint8), np.float32(1.0) / s_enc
-
-
 @pytest.mark.parametrize("model", ["tiny_moe", "tiny_shared_moe"])
 def test_fused_members_share_one_global_scale_and_reconstruct(model, tmp_path):
     src = tmp_path / "src"
     weights = make_checkpoint(src, model)
     contract = _contract(tmp_path, model)
     assert main(["convert", str(contract), "--from", str(src), "--to", str(tmp_path / "out"), "--no-calibrate"]) == 0
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     ratios = []
     for members in _groups(model).values():
         xs = {m: weights[m].float().numpy() for m in members}
@@ -134,16 +101,16 @@ def test_fused_members_share_one_global_scale_and_reconstruct(model, tmp_path):
         assert len({v.numpy().tobytes() for v in scale_2.values()}) == 1, members  # one global scale, bit for bit
         for m, x in xs.items():
             p = m.removesuffix(".weight")
-            codes, s_b, ws2 = _reference(x, amax)
+            codes, s_b, ws2 = nvfp4_reference(x, amax)
             assert float(scale_2[m]) == float(ws2)
             assert abs(float(ws2) - float(amax) / 2688) <= float(ws2) * 2**-23  # ModelOpt's amax / (6 * 448)
             k = x.shape[1]
-            got_codes = _unpack(out[m].numpy(), k)
+            got_codes = unpack_fp4(out[m].numpy(), k)
             assert np.array_equal(got_codes, codes), m
             assert np.array_equal(out[p + ".weight_scale"].view(torch.uint8).numpy(), s_b), m
             # dequantized as the loaders do: e2m1 x e4m3 block scale x weight_scale_2
             d = s_b.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * ws2
-            value = _e2m1(got_codes).reshape(x.shape[0], k // 16, 16) * d[..., None]
+            value = e2m1(got_codes).reshape(x.shape[0], k // 16, 16) * d[..., None]
             err = np.abs(value.reshape(x.shape) - x)
             per = np.repeat(d, 16, axis=1)
             # E2M1 rounding: half a step, 0.25 below 2 and |y|/4 above, times the block's scale, plus
@@ -163,7 +130,7 @@ def test_the_live_sync_shares_the_same_scales(tmp_path):
     weights = make_checkpoint(src, "tiny_moe")
     contract = _contract(tmp_path, "tiny_moe")
     assert main(["convert", str(contract), "--from", str(src), "--to", str(tmp_path / "out"), "--no-calibrate"]) == 0
-    out = _load(tmp_path / "out")
+    out = load_tensors(tmp_path / "out")
     live = convert_full(compile_file(str(contract)).plan, weights)
     names = [n for n in out if not n.endswith(".input_scale")]
     assert len(names) > 300
@@ -188,7 +155,7 @@ def test_num_local_experts_is_calibrated_as_moe(tmp_path, capsys):
         summaries[key] = json.loads(capsys.readouterr().out)
         assert code == 0, summaries[key]["diagnostics"]
         assert summaries[key]["result"]["calibrated_input_scales"] == 4 * 8 * 3
-    a, b = _load(tmp_path / "out-num_experts"), _load(tmp_path / "out-num_local_experts")
+    a, b = load_tensors(tmp_path / "out-num_experts"), load_tensors(tmp_path / "out-num_local_experts")
     scales = [n for n in a if n.endswith(".input_scale")]
     assert len(scales) == 96 and all(torch.equal(a[n], b[n]) for n in scales)
     assert len({float(a[n]) for n in scales}) > 10  # measured, not the 1.0 placeholder
@@ -204,26 +171,26 @@ def test_an_nvfp4_source_that_scaled_fused_members_apart_is_requantized_with_one
     contract = _contract(tmp_path, "tiny_moe", "experts : nvfp4")
     src = tmp_path / "modelopt"
     assert main(["convert", str(contract), "--from", str(wide), "--to", str(src), "--no-calibrate"]) == 0
-    tensors = _load(src)
+    tensors = load_tensors(src)
     p = "model.layers.2.mlp.experts.5."
     tensors[p + "up_proj.weight_scale_2"] = tensors[p + "up_proj.weight_scale_2"] * 0.75  # a legit, other weight
     (src / "pcc_convert.json").unlink()
     save_file(tensors, str(next(src.glob("*.safetensors"))), metadata={"format": "pt"})
     dst = tmp_path / "out"
     assert main(["convert", str(contract), "--from", str(src), "--to", str(dst), "--no-calibrate"]) == 0
-    out = _load(dst)
+    out = load_tensors(dst)
     # the group: the source's values (e2m1 x e4m3 x its own weight_scale_2), requantized with their joint amax
     values = {}
     for m in ("gate_proj", "up_proj"):
         q = p + m
-        codes = _unpack(tensors[q + ".weight"].numpy(), 128)
+        codes = unpack_fp4(tensors[q + ".weight"].numpy(), 128)
         block = tensors[q + ".weight_scale"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-        values[m] = _e2m1(codes) * np.repeat(block, 16, 1) * tensors[q + ".weight_scale_2"].numpy()
+        values[m] = e2m1(codes) * np.repeat(block, 16, 1) * tensors[q + ".weight_scale_2"].numpy()
     amax = np.float32(max(np.abs(v).max() for v in values.values()))
     for m, x in values.items():
-        codes, s_b, ws2 = _reference(x.astype(np.float32), amax)
+        codes, s_b, ws2 = nvfp4_reference(x.astype(np.float32), amax)
         assert float(out[p + m + ".weight_scale_2"]) == float(ws2)
-        assert np.array_equal(_unpack(out[p + m + ".weight"].numpy(), 128), codes)
+        assert np.array_equal(unpack_fp4(out[p + m + ".weight"].numpy(), 128), codes)
     # one scale for both, so one member's differs from the source's: requantized, where a copy keeps both
     assert torch.equal(out[p + "up_proj.weight_scale_2"], out[p + "gate_proj.weight_scale_2"])
     moved = [m for m in ("gate_proj", "up_proj")

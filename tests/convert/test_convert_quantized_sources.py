@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from convert_helpers import make_checkpoint, write_contract
+from convert_helpers import load_tensors, make_checkpoint, write_contract
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -82,14 +82,6 @@ def _fp8_block_value(code_bytes: np.ndarray, scale: np.ndarray, r: int = 128, c:
     return code_bytes.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * np.repeat(np.repeat(scale, r, 0), c, 1)[:n, :k]
 
 
-def _load(directory) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            out.update({n: h.get_tensor(n) for n in h.keys()})
-    return out
-
-
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
                                                                       b.reshape(-1).view(torch.uint8))
@@ -144,7 +136,7 @@ def test_block_fp8_to_block_fp8_is_bit_identical(fp8, tmp_path, capsys):
     dst = tmp_path / "out"
     summary = _convert(contract, src, dst, capsys)
     assert summary["input_bytes"] == _source_bytes(src)  # every source byte read once
-    source, out = _load(src), _load(dst)
+    source, out = load_tensors(src), load_tensors(dst)
     assert set(out) == set(source)  # scales are targets, not extra copies; nothing added or lost
     for name, t in source.items():
         assert _same_bytes(out[name], t), name
@@ -174,7 +166,7 @@ def test_block_fp8_to_bf16(fp8, tmp_path, capsys):
     contract = _contract(tmp_path, "wide", "linear : bf16")
     dst = tmp_path / "out"
     _convert(contract, src, dst, capsys)
-    out, source = _load(dst), _load(src)
+    out, source = load_tensors(dst), load_tensors(src)
     assert not [n for n in out if "scale" in n]
     assert "quantization_config" not in json.loads((dst / "config.json").read_text())
     for name, want in values.items():
@@ -198,7 +190,7 @@ def test_block_fp8_to_another_scheme(fp8, tmp_path, capsys, fmt, scheme, target)
     contract = write_contract(tmp_path, fmt)
     dst = tmp_path / "out"
     _convert(contract, src, dst, capsys, "--no-calibrate")
-    out = _load(dst)
+    out = load_tensors(dst)
     name = target.rsplit(".", 1)[0] + ".weight"
     q = quantize(torch.from_numpy(values[name]), scheme, name=name)
     assert _same_bytes(out[target], q.codes)
@@ -232,12 +224,12 @@ def test_compile_model_from_a_block_fp8_directory(fp8, tmp_path, capsys):
     e = "model.layers.0.mlp.experts.0.gate_proj.weight"
     assert by[e]["targets"][e]["dtype"] == "float8_e4m3fn"
     params = sum(v.size for v in values.values()) + sum(
-        t.numel() for n, t in _load(src).items() if n.endswith(".weight") and n not in values)
+        t.numel() for n, t in load_tensors(src).items() if n.endswith(".weight") and n not in values)
     assert doc["sync"]["bytes_per_version"] == 2 * params  # the BF16 bridge
     # The bundle converts: attention dequantized to BF16, experts copied bit for bit.
     dst = tmp_path / "out"
     _convert(bundle, src, dst, capsys)
-    out, source = _load(dst), _load(src)
+    out, source = load_tensors(dst), load_tensors(src)
     assert torch.equal(out[q], torch.from_numpy(values[q]).to(torch.bfloat16))
     assert q[: -len("weight")] + "weight_scale_inv" not in out
     assert _same_bytes(out[e], source[e]) and _same_bytes(out[e + "_scale_inv"], source[e + "_scale_inv"])
@@ -261,13 +253,13 @@ def test_deepseek_v3_names_mla_shared_experts_and_a_dense_layer(tmp_path, capsys
     fp8 = _contract(tmp_path, "ds", "linear : fp8_block\n    keep bf16 : embed, lm_head, router, norm", model="deepseek_v3")
     fp8.write_text(fp8.read_text().replace("model deepseek_v3", f'model from "{src}"'))
     _convert(fp8, src, tmp_path / "fp8", capsys)
-    source, out = _load(src), _load(tmp_path / "fp8")
+    source, out = load_tensors(src), load_tensors(tmp_path / "fp8")
     assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
     _verify(fp8, tmp_path / "fp8", src, capsys)
     wide = _contract(tmp_path, "dsw", "linear : bf16", model="deepseek_v3")
     wide.write_text(wide.read_text().replace("model deepseek_v3", f'model from "{src}"'))
     _convert(wide, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     for name, want in values.items():
         assert torch.equal(out[name], torch.from_numpy(want).to(torch.bfloat16)), name
     _verify(wide, tmp_path / "wide", src, capsys)
@@ -301,13 +293,13 @@ def test_partial_edge_blocks_and_ue8m0_scales(tmp_path, capsys):
                          model="tiny_dense", schemes="  scheme fp8_ue8m0 = fp8_e4m3 block 128x128 scale pow2\n")
     dst = tmp_path / "out"
     _convert(contract, src, dst, capsys)
-    out = _load(dst)
+    out = load_tensors(dst)
     for name in tensors:
         assert _same_bytes(out[name], tensors[name]), name
     _verify(contract, dst, src, capsys)
     wide_contract = _contract(tmp_path, "wide", "linear : bf16", model="tiny_dense")
     _convert(wide_contract, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     for name, want in values.items():
         assert torch.equal(out[name], torch.from_numpy(want).to(torch.bfloat16)), name
 
@@ -412,18 +404,18 @@ def test_nvfp4_source(wide_moe, tmp_path, capsys):
     src = tmp_path / "modelopt"
     made = _convert(contract, wide_moe, src, capsys, "--calibrate")  # a ModelOpt layout with calibrated scales
     assert made["calibrated_input_scales"] > 0
-    source = _load(src)
+    source = load_tensors(src)
     # Same scheme: every tensor bit for bit, the calibrated input_scales carried over.
     dst = tmp_path / "same"
     summary = _convert(contract, src, dst, capsys)
     assert summary["carried_input_scales"] == summary["input_scales"] and summary["calibrated_input_scales"] == 0
-    out = _load(dst)
+    out = load_tensors(dst)
     assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
     _verify(contract, dst, src, capsys)
     # To BF16: the independent dequantization, rounded to BF16.
     wide = _contract(tmp_path, "wide", "linear : bf16")
     _convert(wide, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     assert not [n for n in out if "scale" in n]
     p = "model.layers.2.mlp.experts.5.down_proj"
     codes = source[p + ".weight"].numpy()
@@ -448,7 +440,7 @@ def test_int4_source_with_bf16_scales_and_zero_points(tmp_path, capsys):
                          model="tiny_dense", schemes=schemes)
     src = tmp_path / "ct"
     _convert(contract, wide, src, capsys)
-    tensors = _load(src)
+    tensors = load_tensors(src)
     for n in [n for n in tensors if n.endswith(".weight_scale")]:
         tensors[n] = tensors[n].to(torch.bfloat16)
     _write_shards(src, tensors)
@@ -457,7 +449,7 @@ def test_int4_source_with_bf16_scales_and_zero_points(tmp_path, capsys):
     # Same scheme: codes and zero points bit for bit, scales widened exactly to the layout's float32.
     dst = tmp_path / "same"
     _convert(contract, src, dst, capsys)
-    out = _load(dst)
+    out = load_tensors(dst)
     for n, t in tensors.items():
         if n.endswith(".weight_scale"):
             assert out[n].dtype == torch.float32 and torch.equal(out[n], t.float()), n
@@ -467,7 +459,7 @@ def test_int4_source_with_bf16_scales_and_zero_points(tmp_path, capsys):
     # To BF16: compressed-tensors' own unpacking, (q - zp) * scale.
     wide_contract = _contract(tmp_path, "wide", "linear : bf16", model="tiny_dense")
     _convert(wide_contract, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     p = "model.layers.3.mlp.gate_proj"
     n, k = tensors[p + ".weight_shape"].tolist()
     q = unpack_from_int32(tensors[p + ".weight_packed"], 4, torch.Size([n, k])).numpy().astype(np.float32)
@@ -485,16 +477,16 @@ def test_mxfp4_source_in_the_gpt_oss_layout(wide_moe, tmp_path, capsys):
     contract = write_contract(tmp_path, "mxfp4")
     src = tmp_path / "gpt-oss-style"
     _convert(contract, wide_moe, src, capsys)
-    source = _load(src)
+    source = load_tensors(src)
     dst = tmp_path / "same"
     summary = _convert(contract, src, dst, capsys)
     assert summary["input_bytes"] == _source_bytes(src)  # one expert's slice at a time, each byte counted once
-    out = _load(dst)
+    out = load_tensors(dst)
     assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
     _verify(contract, dst, src, capsys)
     wide = _contract(tmp_path, "wide", "linear : bf16")
     _convert(wide, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     base = "model.layers.1.mlp.experts"
     blocks = source[base + ".gate_up_proj_blocks"].numpy()  # [E, 2I, K/32, 16]
     scales = source[base + ".gate_up_proj_scales"].numpy().astype(np.int32)  # [E, 2I, K/32]
@@ -512,16 +504,16 @@ def test_per_tensor_fp8_source(wide_moe, tmp_path, capsys):
     contract = _contract(tmp_path, "fp8t", "linear : fp8_tensor\n    keep bf16 : embed, lm_head, router, norm")
     src = tmp_path / "fp8t-src"
     _convert(contract, wide_moe, src, capsys)
-    source = _load(src)
+    source = load_tensors(src)
     assert "weight_block_size" not in json.loads((src / "config.json").read_text())["quantization_config"]
     dst = tmp_path / "same"
     _convert(contract, src, dst, capsys)
-    out = _load(dst)
+    out = load_tensors(dst)
     assert set(out) == set(source) and all(_same_bytes(out[n], t) for n, t in source.items())
     _verify(contract, dst, src, capsys)
     wide = _contract(tmp_path, "wide", "linear : bf16")
     _convert(wide, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     p = "model.layers.0.self_attn.v_proj"
     codes = source[p + ".weight"].view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     value = codes * source[p + ".weight_scale"].numpy()
@@ -557,7 +549,7 @@ def _ct_fp8_config(strategy: str, block=None) -> dict:
 def test_compressed_tensors_fp8_source(wide_moe, tmp_path, capsys, strategy, block):
     """compressed-tensors float-quantized FP8 (per channel: `weight_scale` [N, 1]; per block: [N/128, K/128]):
     `model from` it checks with no scale extras, and it converts to BF16 as code x scale exactly."""
-    wide = _load(wide_moe)
+    wide = load_tensors(wide_moe)
     tensors, values = {}, {}
     for name, w in wide.items():
         if not _quantized_by_deepseek(name):
@@ -588,7 +580,7 @@ def test_compressed_tensors_fp8_source(wide_moe, tmp_path, capsys, strategy, blo
     assert {op.dtype for op in cat.operators if op.tensor in values} == {"fp8_e4m3"}
     wide_contract = _contract(tmp_path, "wide", "linear : bf16")
     _convert(wide_contract, src, tmp_path / "wide", capsys)
-    out = _load(tmp_path / "wide")
+    out = load_tensors(tmp_path / "wide")
     for name, want in values.items():
         assert torch.equal(out[name], torch.from_numpy(want).to(torch.bfloat16)), name
     _verify(wide_contract, tmp_path / "wide", src, capsys)
