@@ -8,9 +8,10 @@ block-FP8 conversions of the bench's 1-2 GB checkpoints (docs/convert.md "Speed"
 `pcc.convert.run._pipeline` (tests/convert/test_convert_bytes.py pins them for both paths): the same pieces
 (PIECE_BYTES, whole 128-row scale blocks), the kernel of `pcc.numerics.quantize`'s fused branch, the same
 writer. Its threads: a reader maps the large source pieces (`Source.map_bytes`) and reads the small ones into a
-reused ring (`Source.read_bytes`, `_Ring`), the caller's thread checks copied pieces for NaN/inf and hands each quantized piece's block rows to the chunk workers (one per core,
-kept on it, as `pcc.numerics.quantize`'s), so small tensors (a MoE's experts) are quantized side by side;
-the writer waits for each piece's workers in order, then writes. An error is the torch path's, word for
+reused ring (`Source.read_bytes`, `_Ring`), the caller's thread checks copied pieces for NaN/inf and hands each
+quantized piece's block rows to the chunk workers (one per core, kept on it, as `pcc.numerics.quantize`'s), so
+small tensors (a MoE's experts) are quantized side by side; the writer waits for each batch's workers in order,
+then writes. An error is the torch path's, word for
 word: a NaN/inf a kernel finds is reported by running that piece through the torch path.
 """
 
