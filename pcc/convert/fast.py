@@ -305,8 +305,8 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 dtype = src.entries[name]["dtype"]
                 if it["copy"]:  # checked finite, then written
                     check = _CHECKED.get(dtype)
-                    if check is not None and data.nbytes and \
-                            fused.magnitude_max(check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
+                    if check is not None and data.nbytes and fused.magnitude_max(
+                            check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
                         raise _nonfinite(src, name, first, data, check)
                     work.append(None)
                     continue

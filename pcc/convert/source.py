@@ -176,8 +176,8 @@ class Source:
         return memoryview(m)[skip:skip + count]
 
     def read_bytes(self, name: str, first: int, into: memoryview) -> memoryview:
-        """Bytes [first, first + into.nbytes) of stored tensor `name`'s data, read with pread into `into` (pcc.convert.fast
-        reads small pieces into a reused ring: no mapping to set up and tear down per piece)."""
+        """Bytes [first, first + into.nbytes) of stored tensor `name`'s data, read with pread into `into`
+        (pcc.convert.fast reads small pieces into a reused ring: no mapping set up and torn down per piece)."""
         count, done = into.nbytes, 0
         fd, file, base = self._bytes_at(name, first, count)
         while done < count:
