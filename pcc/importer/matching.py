@@ -31,13 +31,12 @@ from functools import lru_cache
 from pcc.lang.diagnostics import PccError
 from pcc.models import Catalog, Operator
 from pcc.models.base import lm_config
+from pcc.plan.tensors import FUSED_LINEARS
 
 # SGLang fused module -> its checkpoint shards (utils.py _FALLBACK_FUSED_SHARDS, the DeepSeek model's
 # packed_modules_mapping for MLA, and Qwen3.5's for its Gated DeltaNet layers: targets/sglang.yaml
-# `gated_deltanet` `merged`).
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
-         "fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa"),
-         "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
+# `gated_deltanet` `merged`): the plan's table, which the converter's NVFP4 scale groups read too.
+FUSED = FUSED_LINEARS
 _SHARD_OF = {shard: fused for fused, shards in FUSED.items() for shard in shards}
 # Model types whose router is a custom gate module, not a torch Linear (DeepSeek's MoEGate,
 # Glm4MoeTopkRouter): a compressed-tensors "Linear" target does not select it.

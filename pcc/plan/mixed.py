@@ -16,11 +16,10 @@ from functools import lru_cache
 from pcc.plan.tensors import FUSED_PROJECTIONS
 from pcc.resources import target_table
 
-# Projections the engines load as one fused module (pcc.plan.tensors.FUSED_PROJECTIONS) plus Qwen3.5's
-# gated-delta-net pairs (vLLM qwen3_5.py packed_modules_mapping: in_proj_qkvz, in_proj_ba): vLLM resolves a
-# fused module's algo from its shards and refuses shards of two algos ("Mixed quant_algo within fused layer").
-FUSED = FUSED_PROJECTIONS + (("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
-_FUSED_WITH = {m: g for g in FUSED for m in g}
+# Projections the engines load as one fused module (pcc.plan.tensors.FUSED_PROJECTIONS, Qwen3.5's Gated DeltaNet
+# pairs among them): vLLM resolves a fused module's algo from its shards and refuses shards of two algos
+# ("Mixed quant_algo within fused layer").
+_FUSED_WITH = {m: g for g in FUSED_PROJECTIONS for m in g}
 
 
 @lru_cache(maxsize=None)

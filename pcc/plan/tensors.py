@@ -6,7 +6,7 @@ it, so they cannot disagree. An operator whose scheme has no layout gets None; t
 that (PCC608, PCC307, PCC205, PCC206).
 
 An NVFP4 operator the engines fuse with others into one GEMM also names its `scale_group`: the
-members that must share one `weight_scale_2` and `input_scale` (`FUSED_PROJECTIONS`).
+members that must share one `weight_scale_2` and `input_scale` (`FUSED_PROJECTIONS`, from `FUSED_LINEARS`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,20 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "u
                "int32": 4, "int64": 8}
 
 
-# Projections SGLang and vLLM load into one fused linear, by module name under a common prefix: qkv_proj
-# (QKVParallelLinear), DeepSeek MLA's fused_qkv_a_proj_with_mqa, gate_up_proj (MergedColumnParallelLinear,
-# dense and shared experts) and a routed expert's w13 (HF gate/up and Mixtral's w1/w3). A fused NVFP4 linear
-# has ONE global scale: the linear loaders take the max of the members' weight_scale_2 and input_scale
-# without requantizing the block scales, the MoE loaders keep w13's first (gate's) weight_scale_2
-# ("w1_weight_scale_2 must match w3_weight_scale_2"), so members must share it, as ModelOpt's export
-# makes them (`preprocess_linear_fusion`: one amax, the max over linears that read the same input).
-FUSED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("q_a_proj", "kv_a_proj_with_mqa"),
-                     ("gate_proj", "up_proj"), ("w1", "w3"))
+# The fused linear modules SGLang and vLLM build, by name, and the checkpoint projections each loads (under a
+# common prefix): qkv_proj (QKVParallelLinear), DeepSeek MLA's fused_qkv_a_proj_with_mqa, gate_up_proj
+# (MergedColumnParallelLinear, dense and shared experts), Qwen3.5's Gated DeltaNet in_proj_qkvz and in_proj_ba
+# (packed_modules_mapping; targets/sglang.yaml `gated_deltanet.merged`, held equal by a test); and the fused-MoE
+# loaders' w13 of a routed expert (HF gate/up, Mixtral's w1/w3). A fused NVFP4 linear has ONE global scale: the
+# linear loaders take the max of the members' weight_scale_2 and input_scale without requantizing the block
+# scales, the MoE loaders keep w13's first (gate's) weight_scale_2 ("w1_weight_scale_2 must match
+# w3_weight_scale_2"), so members must share it, as ModelOpt's export makes them (`preprocess_linear_fusion`:
+# one amax, the max over linears that read the same input).
+FUSED_LINEARS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                 "fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa"),
+                 "gate_up_proj": ("gate_proj", "up_proj"),
+                 "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
+FUSED_PROJECTIONS = (*FUSED_LINEARS.values(), ("w1", "w3"))
 _FUSED_WITH = {m: group for group in FUSED_PROJECTIONS for m in group}
 
 

@@ -104,3 +104,26 @@ def nvfp4_reference(x: np.ndarray, amax: np.float32):
     factor = np.float32(1.0) / (s_b.astype(np.float32) * (np.float32(1.0) / s_enc))
     codes = (blocks * factor[..., None]).astype(ml_dtypes.float4_e2m1fn).view(np.uint8).reshape(n, k)
     return codes, s_b.view(np.uint8), np.float32(1.0) / s_enc
+
+
+# A small Qwen3.5-MoE text model: a Gated DeltaNet layer, then a full-attention layer.
+QWEN3_5_MOE = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=256,
+                   num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, moe_intermediate_size=128,
+                   shared_expert_intermediate_size=128, num_experts=4, num_experts_per_tok=2, linear_num_key_heads=2,
+                   linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+                   layer_types=["linear_attention", "full_attention"])
+
+
+def qwen3_5_moe_checkpoint(directory: Path) -> None:
+    """A random-weight (seed 0) Qwen3.5-MoE as transformers builds and saves it (Qwen3_5MoeForConditionalGeneration
+    with a one-block vision tower, BF16, save_pretrained) in `directory`. Needs transformers."""
+    import transformers
+
+    torch.manual_seed(0)
+    text = transformers.Qwen3_5MoeTextConfig(**QWEN3_5_MOE)
+    vision = transformers.Qwen3_5MoeVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 out_hidden_size=256, patch_size=4, num_position_embeddings=16)
+    cfg = transformers.Qwen3_5MoeConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                        tie_word_embeddings=False)
+    model = transformers.AutoModelForImageTextToText.from_config(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(str(directory))

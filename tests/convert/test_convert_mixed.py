@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from convert_helpers import e2m1, load_tensors, nvfp4_reference, unpack_fp4  # noqa: E402
+from convert_helpers import e2m1, load_tensors, nvfp4_reference, qwen3_5_moe_checkpoint, unpack_fp4  # noqa: E402
 
 from pcc.cli import main  # noqa: E402
 
@@ -130,11 +130,6 @@ def test_nvfp4_members_are_nvfp4_by_definition(converted, name):
 
 # -- Qwen3.6's architecture as NVIDIA's MIXED_PRECISION export quantizes it -------------------------------------
 
-QWEN3_5 = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=256,
-               num_hidden_layers=2, pad_token_id=0, bos_token_id=1, eos_token_id=2, moe_intermediate_size=128,
-               shared_expert_intermediate_size=128, num_experts=4, num_experts_per_tok=2, linear_num_key_heads=2,
-               linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
-               layer_types=["linear_attention", "full_attention"])
 QWEN3_5_CONTRACT = """contract mixed-qwen3-5 {{
   model from "{src}"
   hardware B200
@@ -155,14 +150,7 @@ def test_qwen3_5_moe_converts_as_nvidias_mixed_export(tmp_path, capsys):
     (in_proj_qkv, in_proj_z, out_proj), W4A16 NVFP4 routed and shared experts and lm_head; in_proj_a/b, conv1d,
     routers, norms and embeddings the source's BF16. No calibration runs for this architecture (pcc.runtime builds no
     qwen3_5_moe), so the FP8 input scales are 1.0, counted and warned."""
-    torch.manual_seed(0)
-    text = transformers.Qwen3_5MoeTextConfig(**QWEN3_5)
-    vision = transformers.Qwen3_5MoeVisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                                 out_hidden_size=256, patch_size=4, num_position_embeddings=16)
-    cfg = transformers.Qwen3_5MoeConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                                        tie_word_embeddings=False)
-    model = transformers.AutoModelForImageTextToText.from_config(cfg).to(torch.bfloat16).eval()
-    model.save_pretrained(str(tmp_path / "src"))
+    qwen3_5_moe_checkpoint(tmp_path / "src")
     contract = tmp_path / "c.prec"
     contract.write_text(QWEN3_5_CONTRACT.format(src=tmp_path / "src"), encoding="utf-8")
     assert main(["convert", str(contract), "--from", str(tmp_path / "src"), "--to", str(tmp_path / "out")]) == 0

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from convert_helpers import e2m1, load_tensors, make_checkpoint, nvfp4_reference, unpack_fp4
+from convert_helpers import e2m1, load_tensors, make_checkpoint, nvfp4_reference, qwen3_5_moe_checkpoint, unpack_fp4
 
 from pcc.cli import main
 from pcc.lower import compile_file
@@ -120,6 +120,50 @@ def test_fused_members_share_one_global_scale_and_reconstruct(model, tmp_path):
             assert (err <= bound).all(), m
     assert max(ratios) > 1.1  # members' own amaxes differ: per-member scales would not be equal
     assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
+
+
+def test_qwen3_5_gated_deltanet_pairs_share_one_global_scale(tmp_path):
+    """SGLang and vLLM load Qwen3.5's in_proj_qkv and in_proj_z as one in_proj_qkvz (packed_modules_mapping, the
+    table of targets/sglang.yaml `gated_deltanet.merged`), whose NVFP4 loader keeps one weight_scale_2: the
+    converter writes the pair's, from the larger amax, and each member's codes are NVFP4 by definition with it
+    (before, each had its own scale, and the loader dequantized one with the other's)."""
+    pytest.importorskip("transformers")
+    src = tmp_path / "src"
+    qwen3_5_moe_checkpoint(src)
+    contract = tmp_path / "c.prec"
+    contract.write_text(f"""contract q35-nvfp4 {{
+  model from "{src}"
+  hardware B200
+  rollout sglang {{
+    linear : nvfp4
+    keep bf16 : embed, lm_head, norm, router
+  }}
+  routing replay rollout
+}}
+""", encoding="utf-8")
+    plan = compile_file(str(contract)).plan
+    head = "model.language_model.layers.0.linear_attn."
+    pair = [head + "in_proj_qkv.weight", head + "in_proj_z.weight"]
+    assert json.loads(_plan_json(plan))[head + "in_proj_qkv.weight"] == pair
+    assert main(["convert", str(contract), "--from", str(src), "--to", str(tmp_path / "out"), "--no-calibrate"]) == 0
+    weights, out = load_tensors(src), load_tensors(tmp_path / "out")
+    xs = {m: weights[m].float().numpy() for m in pair}
+    amax = np.float32(max(np.abs(x).max() for x in xs.values()))
+    assert min(np.abs(x).max() for x in xs.values()) < amax  # their own amaxes differ
+    for m, x in xs.items():
+        p = m.removesuffix(".weight")
+        codes, s_b, ws2 = nvfp4_reference(x, amax)
+        assert float(out[p + ".weight_scale_2"]) == float(ws2), m
+        assert np.array_equal(unpack_fp4(out[m].numpy(), x.shape[1]), codes), m
+        assert np.array_equal(out[p + ".weight_scale"].view(torch.uint8).numpy(), s_b), m
+    assert main(["verify-checkpoint", str(contract), str(tmp_path / "out"), "--source", str(src), "--full"]) == 0
+
+
+def _plan_json(plan) -> str:
+    """Each NVFP4 operator's scale group in the converter plan (`convert/plan.json`), by source tensor."""
+    from pcc.lower.converter import converter_plan
+
+    return json.dumps({e["source"]: e["scale_group"] for e in converter_plan(plan)["tensors"] if "scale_group" in e})
 
 
 def test_the_live_sync_shares_the_same_scales(tmp_path):
