@@ -292,36 +292,33 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
             if got is _DONE:
                 break
             parts, release = got
-            quantized = [k for k, (it, _, _, _) in enumerate(parts) if not it["copy"]]
-            codes = None
-            if quantized:
-                codes = codes_ring.take(sum(parts[k][2].nbytes // ST_BYTES[src.entries[parts[k][0]["source"]]["dtype"]]
-                                            for k in quantized))
-                if codes is None:
-                    break
+            sizes = [0 if it["copy"] else data.nbytes // ST_BYTES[src.entries[it["source"]]["dtype"]]
+                     for it, _, data, _ in parts]  # each quantized piece's codes: a byte per element
+            codes = codes_ring.take(sum(sizes)) if any(sizes) else None
+            if any(sizes) and codes is None:
+                break
             work, calls, at = [], [], 0
-            for k, (it, first, data, final) in enumerate(parts):
+            for k, ((it, first, data, final), size) in enumerate(zip(parts, sizes)):
                 name = it["source"]
-                dtype = src.entries[name]["dtype"]
                 if it["copy"]:  # checked finite, then written
-                    check = _CHECKED.get(dtype)
+                    check = _CHECKED.get(src.entries[name]["dtype"])
                     if check is not None and data.nbytes and fused.magnitude_max(
                             check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
                         raise _nonfinite(src, name, first, data, check)
                     work.append(None)
                     continue
                 r, c, _, _, nrows, cols = specs[name]
-                n = data.nbytes // (cols * ST_BYTES[dtype])
-                nbr, nbc = -(-nrows // r), -(-cols // c)
+                n, nbr, nbc = size // cols, -(-nrows // r), -(-cols // c)
                 if first == 0:
                     scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
                 scales = scales_of.pop(name) if final else scales_of[name]
-                mine = codes[at:at + n * cols]
-                at += n * cols
+                mine, at = codes[at:at + size], at + size
                 work.append((mine, scales))
                 blocks, step = -(-n // r), max(1, _CHUNK // (r * cols))
-                calls += [(k, _ELEMENT[dtype], data, mine, scales, first // r * nbc * 4, n, cols, r, c, b,
-                           min(b + step, blocks)) for b in range(0, blocks, step)]
+                element, scale_at = _ELEMENT[src.entries[name]["dtype"]], first // r * nbc * 4
+                for b in range(0, blocks, step):
+                    e = min(b + step, blocks)
+                    calls.append(((e - b) * r * cols, (k, element, data, mine, scales, scale_at, n, cols, r, c, b, e)))
             put(out, (parts, release, [pool.submit(_quantize, job) for job in _jobs(calls)], work, codes))
             if bar is not None:
                 bar.update(sum(p[2].nbytes for p in parts))
@@ -332,16 +329,16 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
         run.wind_down(errors, stop, out, _DONE, threads, bar, lambda: pool.shutdown(wait=True, cancel_futures=True))
 
 
-def _jobs(calls: list[tuple]) -> list[list[tuple]]:
-    """Kernel calls grouped into chunk-worker jobs of about _CHUNK elements each (a large piece's calls are that
-    size already; a batch's small tensors go several to a job)."""
+def _jobs(calls: list[tuple[int, tuple]]) -> list[list[tuple]]:
+    """Kernel calls, each (elements, its arguments), grouped into chunk-worker jobs of about _CHUNK elements (a
+    large piece's calls are that size already; a batch's small tensors go several to a job)."""
     jobs, size = [], _CHUNK
-    for call in calls:
+    for elements, call in calls:
         if size >= _CHUNK:
             jobs.append([])
             size = 0
         jobs[-1].append(call)
-        size += (call[-1] - call[-2]) * call[8] * call[7]  # block rows x rows per block x columns
+        size += elements
     return jobs
 
 

@@ -7,8 +7,8 @@ completion record's digest matches the file.
 
 Shards are digested with BLAKE3 (`SHARD_HASH`): a cryptographic hash like SHA-256, but 4-5x faster
 on one core (5.0 against 1.1 GB/s here, docs/convert.md "Speed"); a shard written with O_DIRECT is hashed on
-a thread of its own, each staging buffer while the disk thread writes it. A record written with SHA-256 (before) still
-verifies with SHA-256.
+a thread of its own, each staging buffer while the disk thread writes it. A record written with SHA-256
+(before) still verifies with SHA-256.
 """
 
 from __future__ import annotations

@@ -35,9 +35,8 @@ from pcc.plan.tensors import FUSED_LINEARS
 
 # SGLang fused module -> its checkpoint shards (utils.py _FALLBACK_FUSED_SHARDS, the DeepSeek model's
 # packed_modules_mapping for MLA, and Qwen3.5's for its Gated DeltaNet layers: targets/sglang.yaml
-# `gated_deltanet` `merged`): the plan's table, which the converter's NVFP4 scale groups read too.
-FUSED = FUSED_LINEARS
-_SHARD_OF = {shard: fused for fused, shards in FUSED.items() for shard in shards}
+# `gated_deltanet` `merged`): pcc.plan.tensors.FUSED_LINEARS, which the converter's NVFP4 scale groups read too.
+_SHARD_OF = {shard: fused for fused, shards in FUSED_LINEARS.items() for shard in shards}
 # Model types whose router is a custom gate module, not a torch Linear (DeepSeek's MoEGate,
 # Glm4MoeTopkRouter): a compressed-tensors "Linear" target does not select it.
 _CUSTOM_GATE_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa"})
@@ -67,7 +66,7 @@ def sglang_module(op: Operator) -> SglangModule:
         return SglangModule(name, ())
     if fused == "qkv_proj" and op.family not in ("attn.q", "attn.kv"):
         return SglangModule(name, ())
-    return SglangModule(f"{head}.{fused}", tuple(f"{head}.{s}" for s in FUSED[fused]))
+    return SglangModule(f"{head}.{fused}", tuple(f"{head}.{s}" for s in FUSED_LINEARS[fused]))
 
 
 def module_path_match(ignored: str, prefix: str) -> bool:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pcc.plan.tensors import FUSED_PROJECTIONS
+from pcc.plan.tensors import FUSED_WITH
 from pcc.resources import target_table
 
-# Projections the engines load as one fused module (pcc.plan.tensors.FUSED_PROJECTIONS, Qwen3.5's Gated DeltaNet
-# pairs among them): vLLM resolves a fused module's algo from its shards and refuses shards of two algos
-# ("Mixed quant_algo within fused layer").
-_FUSED_WITH = {m: g for g in FUSED_PROJECTIONS for m in g}
+# Projections the engines load as one fused module (pcc.plan.tensors.FUSED_WITH, Qwen3.5's Gated DeltaNet pairs
+# among them): vLLM resolves a fused module's algo from its shards and refuses shards of two algos ("Mixed
+# quant_algo within fused layer").
 
 
 @lru_cache(maxsize=None)
@@ -57,5 +56,5 @@ def module_of(name: str) -> str:
         return name.split(".experts.")[0] + ".experts"
     module = name.removesuffix(".weight")
     head, _, leaf = module.rpartition(".")
-    group = _FUSED_WITH.get(leaf)
+    group = FUSED_WITH.get(leaf)
     return f"{head}.{group[0]}" if group else module

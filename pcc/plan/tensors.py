@@ -33,7 +33,7 @@ FUSED_LINEARS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                  "gate_up_proj": ("gate_proj", "up_proj"),
                  "in_proj_qkvz": ("in_proj_qkv", "in_proj_z"), "in_proj_ba": ("in_proj_b", "in_proj_a")}
 FUSED_PROJECTIONS = (*FUSED_LINEARS.values(), ("w1", "w3"))
-_FUSED_WITH = {m: group for group in FUSED_PROJECTIONS for m in group}
+FUSED_WITH = {m: group for group in FUSED_PROJECTIONS for m in group}  # projection leaf -> its group
 
 
 def scale_group(plan, i: int) -> tuple[str, ...] | None:
@@ -41,7 +41,7 @@ def scale_group(plan, i: int) -> tuple[str, ...] | None:
     share one global scale; None when it is fused with no other NVFP4 operator."""
     name = plan.catalog.operators[i].tensor
     prefix, _, rest = name.rpartition(".")[0].rpartition(".")
-    group = _FUSED_WITH.get(rest) if name.endswith(".weight") else None
+    group = FUSED_WITH.get(rest) if name.endswith(".weight") else None
     if group is None:
         return None
     index = plan.index

@@ -209,9 +209,9 @@ def test_gated_deltanet_families_are_what_vllm_quantizes():
 
 
 def test_importer_fuses_the_gated_deltanet_layers_as_sglang():
-    """pcc.importer.matching decides SGLang's merged Gated DeltaNet layers by their checkpoint shards, as SGLang's
-    packed_modules_mapping (targets/sglang.yaml `gated_deltanet` `merged`)."""
-    from pcc.importer.matching import FUSED
+    """pcc.importer.matching (and the converter's NVFP4 scale groups) decide SGLang's merged Gated DeltaNet layers by
+    their checkpoint shards, as SGLang's packed_modules_mapping (targets/sglang.yaml `gated_deltanet` `merged`)."""
+    from pcc.plan.tensors import FUSED_LINEARS as FUSED
     from pcc.resources import target_table
 
     for module, shards in target_table("sglang")["gated_deltanet"]["merged"].items():
