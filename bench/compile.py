@@ -14,7 +14,7 @@ from pathlib import Path
 
 from machine import interleaved, machine
 
-from pcc.bundle import bundle_files
+from pcc.bundle.write import bundle_files
 from pcc.contract.io import load
 from pcc.lower import TARGET_MODULES, Unsupported, lower
 from pcc.plan import compile_file

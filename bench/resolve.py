@@ -16,7 +16,8 @@ import re
 
 from machine import interleaved, machine
 from pcc.contract.model import Contract
-from pcc.lang import Reporter, build
+from pcc.lang.build import build
+from pcc.lang.diagnostics import Reporter
 from pcc.models import load_catalog
 from pcc.models.builtin import catalog_from_config
 from pcc.plan.patterns import parse_pattern

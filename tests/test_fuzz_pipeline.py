@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pcc.bundle import bundle_files
+from pcc.bundle.write import bundle_files
 from pcc.contract.fmt import lines
 from pcc.contract.io import load
 from pcc.lower import compile_file

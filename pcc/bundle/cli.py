@@ -12,7 +12,8 @@ import sys
 
 
 def cmd_compile(args, rep) -> int:
-    from pcc.bundle import BundleError, write_bundle
+    from pcc.bundle import BundleError
+    from pcc.bundle.write import write_bundle
     from pcc.lower import compile_file
 
     path = rep.contract_file(args.file)

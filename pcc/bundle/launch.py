@@ -49,7 +49,8 @@ NEEDED = {
 def _bundle_dir(source: str) -> tuple[Path, tempfile.TemporaryDirectory | None, set[str]]:
     """The bundle to launch: `source` itself, or a fresh compile of a contract file; and the files its
     manifest lists."""
-    from pcc.bundle import BundleError, is_bundle, read_bundle, write_bundle
+    from pcc.bundle import BundleError, is_bundle, read_bundle
+    from pcc.bundle.write import write_bundle
     from pcc.lower import compile_file
 
     if is_bundle(source):

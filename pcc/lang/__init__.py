@@ -1,6 +1,3 @@
-"""The .prec language: grammar, parse tree with spans, diagnostics, builder, formatter."""
-
-from pcc.lang.build import SourceMap, build, parse_scheme
-from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Reporter, Span
-
-__all__ = ["Diagnostic", "DiagnosticError", "Reporter", "SourceMap", "Span", "build", "parse_scheme"]
+"""The .prec language: grammar (parser, tables), parse tree with spans and builder (build), diagnostics,
+formatter. Import the module you need: importing the package imports none of them, so a verb that only
+reports diagnostics (`pcc convert` of a bundle) does not load the grammar (docs/convert.md "Start-up")."""

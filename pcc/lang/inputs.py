@@ -15,6 +15,7 @@ import stat
 
 from pcc.lang.diagnostics import PccError
 
+MAX_CONTRACT = 1 << 20  # contracts are small; a larger file is a mistake, not a contract
 MAX_JSON = 16 << 20  # a bundle manifest, a run's state: kilobytes; a larger file is not ours
 
 

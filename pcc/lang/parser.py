@@ -14,9 +14,8 @@ from lark.exceptions import LarkError, UnexpectedCharacters, UnexpectedEOF, Unex
 
 from pcc.lang import tables
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, Span, did_you_mean
-from pcc.lang.inputs import InputError, read_bytes
+from pcc.lang.inputs import MAX_CONTRACT, InputError, read_bytes
 
-MAX_BYTES = 1 << 20  # contracts are small; a larger file is a mistake, not a contract
 
 # Human names for the grammar's terminals, for "expected ..." messages.
 _TERMINAL_NAMES = {
@@ -131,17 +130,17 @@ def parse_comments(text: str, file: str = "<string>") -> tuple[Tree, list[Token]
 
 
 def read_source(path: str) -> str:
-    """Read a contract file once as UTF-8 text: a regular file of at most MAX_BYTES (pcc.lang.inputs),
+    """Read a contract file once as UTF-8 text: a regular file of at most MAX_CONTRACT (pcc.lang.inputs),
     not binary. Callers keep this text for carets; nothing reads the file again."""
     try:
-        data = read_bytes(path, MAX_BYTES, "contract")
+        data = read_bytes(path, MAX_CONTRACT, "contract")
     except InputError as exc:
         if exc.reason == "kind":
             raise DiagnosticError([Diagnostic("PCC109", "error", exc.message.removeprefix(f"{path}: "),
                                               file=path)]) from None
         if exc.reason == "size":
             raise DiagnosticError([Diagnostic("PCC104", "error",
-                                              f"file is larger than {MAX_BYTES >> 10} KiB; not a contract",
+                                              f"file is larger than {MAX_CONTRACT >> 10} KiB; not a contract",
                                               Span(path, 1, 1))]) from None
         raise DiagnosticError([Diagnostic("PCC104", "error", exc.message.removeprefix(f"{path}: "),
                                           file=path)]) from None

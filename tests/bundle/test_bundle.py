@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from pcc.bundle import BundleError, bundle_files, contract_source, read_bundle, write_bundle
+from pcc.bundle import BundleError, read_bundle
+from pcc.bundle.write import bundle_files, contract_source, write_bundle
 from pcc.plan import compile_file
 from pcc.plan.dump import plan_json
 
@@ -68,7 +69,7 @@ def test_the_framework_is_in_the_plan_and_its_lock(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    import pcc.bundle as bundle
+    import pcc.bundle.write as bundle
 
     plan = compile_file(str(ROOT / "contracts" / "tiny_cpu.prec")).plan
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pcc.bundle import bundle_files
+from pcc.bundle.write import bundle_files
 from pcc.plan import compile_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

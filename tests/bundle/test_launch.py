@@ -5,7 +5,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from pcc.bundle import read_bundle, write_bundle
+from pcc.bundle import read_bundle
+from pcc.bundle.write import write_bundle
 from pcc.bundle.launch import LAUNCHERS
 from pcc.cli import main
 from pcc.plan import compile_file

@@ -1,6 +1,7 @@
 """The formatter: canonical, idempotent, comment-preserving, meaning-preserving."""
 
-from pcc.lang import Reporter, build
+from pcc.lang.build import build
+from pcc.lang.diagnostics import Reporter
 from pcc.contract.fmt import format_source
 from pcc.contract.model import Contract
 

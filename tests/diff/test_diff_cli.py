@@ -58,7 +58,8 @@ def test_model_override_resolves_both_sides_on_one_catalog(capsys):
 def test_bundle_directory(tmp_path, capsys):
     import hashlib
 
-    from pcc.bundle import MANIFEST, write_bundle
+    from pcc.bundle import MANIFEST
+    from pcc.bundle.write import write_bundle
 
     bundle = tmp_path / "bundle"
     write_bundle(compile_file(A).plan, bundle, targets=("sglang",))

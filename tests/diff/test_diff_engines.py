@@ -4,7 +4,7 @@ launches, vLLM's arguments, the FSDP trainer's fsdp.json, as the bundles carry t
 import json
 from pathlib import Path
 
-from pcc.bundle import write_bundle
+from pcc.bundle.write import write_bundle
 from pcc.cli import main
 from pcc.diff import diff
 from pcc.diff.engines import json_changes

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pcc.bundle import write_bundle
+from pcc.bundle.write import write_bundle
 from pcc.importer import ImportFailed, import_source
 from pcc.importer.matching import module_name, sglang_module
 from pcc.lower import compile_file

@@ -112,7 +112,7 @@ def test_verl_round_trip(name, tmp_path):
 def test_verl_bundle_round_trip(name, tmp_path):
     """A compiled bundle of a 'framework verl' contract also carries its expectations
     (validate/expectations.yaml), read as the Miles import reads them: they come back too."""
-    from pcc.bundle import write_bundle
+    from pcc.bundle.write import write_bundle
     from pcc.diff import diff
 
     _verl_or_skip()
@@ -531,7 +531,7 @@ def test_te_file_as_megatron_core_matches_it(tmp_path):
 def test_te_file_pcc_writes_comes_back(tmp_path):
     """selective_nvfp4's trainer/te_precision.yaml: the imported trainer decides every operator's
     FProp as the contract does."""
-    from pcc.bundle import write_bundle
+    from pcc.bundle.write import write_bundle
 
     c = compile_file(str(ROOT / "contracts" / "selective_nvfp4.prec"))
     write_bundle(c.plan, tmp_path / "b")

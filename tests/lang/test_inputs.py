@@ -9,7 +9,8 @@ import pytest
 
 from pcc.lang.diagnostics import DiagnosticError
 from pcc.lang.inputs import DuplicateKey, InputError, loads_json, read_bytes, read_json
-from pcc.lang.parser import MAX_BYTES, read_source
+from pcc.lang.inputs import MAX_CONTRACT
+from pcc.lang.parser import read_source
 
 
 def test_a_link_to_dev_zero_is_refused_before_a_byte_is_read(tmp_path):
@@ -28,13 +29,13 @@ def test_a_fifo_without_a_writer_does_not_hang(tmp_path):
     os.mkfifo(fifo)
     t0 = time.monotonic()
     with pytest.raises(InputError, match="a FIFO"):
-        read_bytes(fifo, MAX_BYTES)
+        read_bytes(fifo, MAX_CONTRACT)
     assert time.monotonic() - t0 < 5
 
 
 def test_a_directory_is_refused(tmp_path):
     with pytest.raises(InputError, match="a directory"):
-        read_bytes(tmp_path, MAX_BYTES)
+        read_bytes(tmp_path, MAX_CONTRACT)
 
 
 def test_a_huge_sparse_file_is_refused_on_its_size_without_reading_it(tmp_path):

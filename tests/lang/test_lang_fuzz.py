@@ -4,7 +4,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcc.contract.model import Contract
-from pcc.lang import DiagnosticError, Reporter, build
+from pcc.lang.build import build
+from pcc.lang.diagnostics import DiagnosticError, Reporter
 from pydantic import ValidationError
 
 SEED = """contract fuzz {

@@ -4,7 +4,8 @@ import pytest
 
 from pcc.contract.io import load
 from pcc.contract.model import Contract
-from pcc.lang import DiagnosticError, Reporter, build, parse_scheme
+from pcc.lang.build import build, parse_scheme
+from pcc.lang.diagnostics import DiagnosticError, Reporter
 
 SMALL = """contract small {
   model tiny_moe

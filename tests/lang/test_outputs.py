@@ -86,7 +86,7 @@ def test_plots_are_written_as_png_through_a_temporary(tmp_path):
 # an entry whose module no longer writes fails too.
 OWN_WRITERS = {
     "pcc/lang/outputs.py": "the one writer itself",
-    "pcc/bundle/__init__.py": "a bundle is written into a staging directory renamed into place whole",
+    "pcc/bundle/write.py": "a bundle is written into a staging directory renamed into place whole",
     "pcc/convert/run.py": "side files and records go into the staging directory, renamed into place whole",
     "pcc/convert/adapter.py": "the adapter is written into a staging directory renamed into place whole",
     "pcc/convert/shards.py": "shards stream (O_DIRECT) into the staging directory; each has a completion "

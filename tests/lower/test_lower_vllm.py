@@ -253,7 +253,7 @@ def test_vllm_rollout_files_match_golden(path):
     """The vLLM target's bundle files (rollout/) for each variant, checked in with the variant's whole bundle
     and reviewed by eye. Update after an intended change: PCC_UPDATE_GOLDEN=1 python -m pytest
     tests/bundle/test_golden.py"""
-    from pcc.bundle import bundle_files
+    from pcc.bundle.write import bundle_files
 
     files, _ = bundle_files(_plan(path))
     sys.path.insert(0, str(ROOT / "tests" / "bundle"))

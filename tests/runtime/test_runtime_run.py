@@ -108,7 +108,7 @@ def test_trainer_variants_reproduce_table5():
 
 
 def test_bundle_directory_and_big_models(tmp_path):
-    from pcc.bundle import write_bundle
+    from pcc.bundle.write import write_bundle
     from pcc.lower import compile_file
 
     write_bundle(compile_file(str(CONTRACTS / "tiny_cpu.prec")).plan, tmp_path / "b", targets=("sglang",))
