@@ -40,31 +40,24 @@ _BATCH_BYTES = 4 << 20  # small pieces read into the ring and handed on together
 _DONE = object()
 
 
-def _fp8_spec(plan, it: dict, src) -> tuple | None:
+def _fp8_spec(it: dict, src) -> tuple | None:
     """(block rows, block cols, codes name, scales name, rows, cols) of a work item the kernel quantizes with
-    the torch path's bytes, else None."""
-    from pcc.plan.layouts.fp8 import Fp8Block
-
+    the torch path's bytes (its recipe's `fp8_block`, pcc.lower.converter), else None."""
     if it["op"] is None or it["copy"] or it["fuse"] is not None or it["members"] is not None or it["copied"]:
         return None
-    i = plan.index[it["source"]]
-    layout, scheme, op = plan.layouts[i], plan.scheme("rollout", i), plan.catalog.operators[i]
-    w = scheme.grouping_of("weight")
-    targets = plan.rollout_tensors[i]["targets"]
-    if (type(layout) is not Fp8Block or scheme.format != "fp8_e4m3" or scheme.scale != "fp32"
-            or scheme.rounding != "nearest_even" or scheme.packing is not None or w is None or w.kind != "block"
-            or len(op.shape) != 2 or 0 in op.shape or src.entries[it["source"]]["shape"] != list(op.shape)
-            or len(targets) != 2):
+    block, targets = it["recipe"]["fp8_block"], it["targets"]
+    if block is None or len(targets) != 2:
         return None
     (codes, c), (scales, s) = targets.items()
-    n, k = op.shape
-    if (c["dtype"], list(c["shape"]), s["dtype"], list(s["shape"])) != (
-            "float8_e4m3fn", [n, k], "float32", [-(-n // w.rows), -(-k // w.cols)]):
+    if len(c["shape"]) != 2 or 0 in c["shape"] or src.entries[it["source"]]["shape"] != list(c["shape"]):
         return None
-    return w.rows, w.cols, codes, scales, n, k
+    (n, k), (rows, cols) = c["shape"], block
+    if (c["dtype"], s["dtype"], list(s["shape"])) != ("float8_e4m3fn", "float32", [-(-n // rows), -(-k // cols)]):
+        return None
+    return rows, cols, codes, scales, n, k
 
 
-def eligible(plan, src, todo: list[dict], input_scales: dict) -> dict | None:
+def eligible(src, todo: list[dict], input_scales: dict) -> dict | None:
     """Each quantized work item's `_fp8_spec` by source name, where the whole conversion can take this path
     (and the kernels it needs compiled); else None."""
     from pcc import fused
@@ -80,7 +73,7 @@ def eligible(plan, src, todo: list[dict], input_scales: dict) -> dict | None:
             elif dtype not in _UNCHECKED:
                 return None
             continue
-        spec = _fp8_spec(plan, it, src)
+        spec = _fp8_spec(it, src)
         if spec is None or dtype not in _ELEMENT:
             return None
         specs[it["source"]] = spec
@@ -183,8 +176,9 @@ def _pieces(todo: list[dict], src, specs: dict, piece_bytes: int):
             yield it, r0, r0 * row_bytes, n * row_bytes, r0 + n >= nrows
 
 
-def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
-    """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted).
+def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
+    """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted); the Plan
+    (`plan_of()`) is compiled only to report a NaN or inf through the torch path.
 
     What moves between the threads is a batch of pieces: one large piece (mapped), or consecutive small ones read
     into the ring together (at most _BATCH_BYTES), so a MoE's experts cost one hand-off per few of them (the
@@ -258,7 +252,7 @@ def pipeline(plan, src, todo: list[dict], writer, in_bytes: int, progress: bool,
                 bad = [j.result() for j in jobs if j.result() >= 0]
                 if bad:
                     it, first, data, _ = parts[min(bad)]
-                    raise _torch_error(plan, src, it, first, data)
+                    raise _torch_error(plan_of(), src, it, first, data)
                 for (it, _, data, final), w in zip(parts, work):
                     name = it["source"]
                     if w is None:  # a piece written as stored

@@ -12,24 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from pcc.convert import ConvertError
-from pcc.models.base import CatalogError
-from pcc.models.quantized import Encoding, View, read_small_int
-from pcc.models.quantized import recognize as _recognize
+from pcc.models.quantized import Encoding, View
 from pcc.plan.layouts import named
 
 __all__ = ["Encoded", "Encoding", "View", "check_codes", "copied", "copied_tensors", "read",
-           "read_rows", "read_small_int", "recognize", "rollout_of", "row_unit", "streams_codes"]
-
-
-def recognize(root: Path, config: dict, entries: dict[str, dict], read_small) -> View:
-    """pcc.models.quantized.recognize, its errors as the converter's (code kept)."""
-    try:
-        return _recognize(root, config, entries, read_small)
-    except CatalogError as err:
-        raise ConvertError(str(err), code=err.code) from None
+           "read_rows", "rollout_of", "row_unit", "streams_codes"]
 
 
 # ---- reading and dequantizing (torch) ----

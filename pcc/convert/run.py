@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from pcc.convert import ConvertError, fast
-from pcc.convert.calibration import resolve as resolve_input_scales
-from pcc.convert.contract import load_plan
+from pcc.convert.calibration import InputScales, resolve as resolve_input_scales
+from pcc.convert.contract import bundle_plan, load_plan
 from pcc.convert.destination import (
     CHECKPOINT_MARK,
     check_destination,
@@ -47,7 +47,6 @@ from pcc.convert.shards import (
 )
 from pcc.convert.source import INDEX, Source, open_source
 from pcc.lang.inputs import InputError, read_json
-from pcc.lower.converter import converter_plan
 from pcc.models.checkpoint import read_safetensors_header
 
 DEFAULT_SHARD_BYTES = 5 * 10**9
@@ -70,13 +69,24 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = False, calibrate: bool | None = None,
             calibration_tokens: str | None = None) -> dict:
     """calibrate: NVFP4 input scales the source lacks are calibrated (True: or refuse), calibrated
-    when the model is supported and small enough (None), or left 1.0 and counted (False)."""
+    when the model is supported and small enough (None), or left 1.0 and counted (False).
+
+    A bundle's converter plan converts a checkpoint it was compiled for as it is (`bundle_plan`); otherwise the
+    contract is compiled against the source. The Plan itself is compiled only where the conversion needs more
+    than its converter plan (`plan_of`: a quantized source, input scales, the torch path)."""
     t0 = time.perf_counter()
     with _start_up() as started:
         src = open_source(src_dir)
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
-        plan = load_plan(contract, source=src)
-        doc = converter_plan(plan)
+        doc = bundle_plan(contract, src)
+        if doc is not None and fast.eligible(src, _items(None, doc, src, {})[0], {}) is None:
+            doc = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one alone
+        plan_of = functools.cache(lambda: load_plan(contract, source=src))
+        planned = "bundle" if doc is not None else "compiled"
+        if doc is None:
+            from pcc.lower.converter import converter_plan
+
+            doc = converter_plan(plan_of())
         started()
         dst = Path(dst_dir).resolve()
         root = Path(src.root).resolve()
@@ -85,12 +95,13 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         with destination_lock(dst):
             work = _staging(dst, resume, force)
             with _stopping(dst, work):
-                made, scales = _build(plan, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
+                made, scales = _build(plan_of, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
                                       calibration_tokens)
                 with writing(work):
                     _install(work, dst)
     secs = time.perf_counter() - t0
-    return {"ok": True, "destination": str(dst), "layout": doc["layout"], **made, "seconds": round(secs, 3),
+    return {"ok": True, "destination": str(dst), "layout": doc["layout"], "plan": planned, **made,
+            "seconds": round(secs, 3),
             "input_gb_per_s": round(made["input_bytes"] / secs / 1e9, 3) if secs else None} | scales.summary()
 
 
@@ -107,18 +118,19 @@ def _staging(dst: Path, resume: bool, force: bool) -> Path:
     return work
 
 
-def _build(plan, doc: dict, src: Source, work: Path, extras: list[Path], resume: bool, max_shard_bytes: int,
+def _build(plan_of, doc: dict, src: Source, work: Path, extras: list[Path], resume: bool, max_shard_bytes: int,
            progress: bool, calibrate: bool | None, calibration_tokens: str | None) -> tuple[dict, object]:
     """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
     counts, and the input scales."""
     try:
-        scales = resolve_input_scales(plan, src, calibrate, calibration_tokens)
+        scales = resolve_input_scales(plan_of(), src, calibrate, calibration_tokens) if _input_scales(doc) \
+            else InputScales()
     except BaseException:
         src.close()
         raise
     with writing(work):
         (work / RECORDS).mkdir(parents=True, exist_ok=True)
-    items, order = _items(plan, doc, src, scales.values)
+    items, order = _items(plan_of, doc, src, scales.values)
     shards = plan_shards(order, max_shard_bytes)
     job = _job_id(doc, src, max_shard_bytes, scales.identity())
     done = {s.file for s in shards if resume and complete(work, s, job)}
@@ -130,11 +142,11 @@ def _build(plan, doc: dict, src: Source, work: Path, extras: list[Path], resume:
     todo = [it for it in items if any(writer.wanted(n) for n in it["emits"] + it["feeds"])]
     in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
     try:
-        specs = fast.eligible(plan, src, todo, scales.values)
+        specs = fast.eligible(src, todo, scales.values)
         if specs is not None:  # no torch needed (pcc.convert.fast)
-            fast.pipeline(plan, src, todo, writer, in_bytes, progress, specs)
+            fast.pipeline(plan_of, src, todo, writer, in_bytes, progress, specs)
         else:
-            _pipeline(plan, src, todo, writer, in_bytes, progress, scales.values)
+            _pipeline(plan_of(), src, todo, writer, in_bytes, progress, scales.values)
     except BaseException:
         writer.abort()
         raise
@@ -143,34 +155,33 @@ def _build(plan, doc: dict, src: Source, work: Path, extras: list[Path], resume:
     writer.finish()
     hashes = {s.file: writer.digests.get(s.file) or _recorded(work, s) for s in shards}
     with writing(work):
-        _finish(plan, doc, src, work, shards, hashes, job, scales, extras)
+        _finish(doc, src, work, shards, hashes, job, scales, extras)
     return {"tensors": len(order), "shards": len(shards), "resumed_shards": len(done), "input_bytes": in_bytes,
             "output_bytes": sum(s.size for s in shards)}, scales
 
 
-def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
-    """Work items in plan order, and every target (name, dtype, shape) in write order.
+def _items(plan_of, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict], list[tuple[str, str, list[int]]]]:
+    """Work items in plan order, and every target (name, dtype, shape) in write order, from the converter plan
+    (the Plan, `plan_of()`, only for a quantized source's encodings).
     A fused target is written once its last part has been computed. A source `input_scale` the plan
     also lists as an operator's target is written there (carried over), not copied a second time.
     `copy`: written as stored, in pieces; `copy_codes`: a quantized source's copied encoding whose
     codes are written as stored, in pieces, then its scales; `rows`: quantized in row pieces of a
-    multiple of this many rows (a weight larger than PIECE_BYTES whose layout allows it,
-    pcc.plan.encode.piece_rows; a quantized source's requantized or widened weight whose float32
-    values are);
+    multiple of this many rows (a weight larger than PIECE_BYTES whose layout allows it, its recipe's
+    `piece_rows`; a quantized source's requantized or widened weight whose float32 values are);
     `members`: the weights whose amax its global scale needs first (FP8 tensor scaling and NVFP4
     quantized in pieces: its own; an NVFP4 scale group's: every member's, so they share one scale).
     A run of fused (MXFP4 expert) entries is taken target by target, experts in order (every gate and
     up, then every down), so each fused target's first tensor streams an expert at a time
     (`_compute`); the write order of the targets is the plan's either way."""
-    from pcc.convert.quantized import copied, row_unit, streams_codes
-    from pcc.plan.encode import piece_rows
-
     items, order, seen = [], [], {}
     for k, e in enumerate(_by_fused_target(doc["tensors"])):
         if not src.has(e["source"]):
             raise ConvertError(f"{src.root}: the plan needs {e['source']}, which the checkpoint lacks")
-        item = {"op": k, "source": e["source"], "emits": [], "feeds": [], "fuse": e.get("fuse"),
-                "copy": not plan.layouts[plan.index[e["source"]]].quantized and list(e["targets"]) == [e["source"]]
+        recipe = doc["recipes"][e["recipe"]]
+        quantized = "quantize" in recipe["steps"]
+        item = {"op": k, "source": e["source"], "recipe": recipe, "targets": e["targets"], "emits": [], "feeds": [],
+                "fuse": e.get("fuse"), "copy": not quantized and list(e["targets"]) == [e["source"]]
                 and src.stored(e["source"]) and src.entries[e["source"]]["shape"] == list(e["targets"][e["source"]]["shape"])
                 and _ST_TORCH.get(src.entries[e["source"]]["dtype"]) == e["targets"][e["source"]]["dtype"]}
         for name, t in e["targets"].items():
@@ -182,17 +193,21 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
             item["emits"].append(name)
             order.append((name, ST_DTYPES[t["dtype"]], t["shape"]))
         stored = src.stored(e["source"]) and src.entries[e["source"]]["dtype"] in _WIDE_SOURCE
-        item["rows"] = (piece_rows(plan, plan.index[e["source"]]) if stored and not item["copy"] and "fuse" not in e
+        item["rows"] = (recipe["piece_rows"] if stored and not item["copy"] and "fuse" not in e
                         and src.nbytes(e["source"]) > PIECE_BYTES else None)
-        layout = plan.layouts[plan.index[e["source"]]]
         enc = src.view.encodings.get(e["source"])
-        requantized = enc is not None and not copied(src, plan, plan.index[e["source"]])
-        item["copied"] = enc is not None and not requantized
-        item["copy_codes"] = (item["copied"] and src.nbytes(e["source"]) > PIECE_BYTES
-                              and streams_codes(src, enc, e["targets"]))
-        if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
-            item["rows"] = math.lcm(piece_rows(plan, plan.index[e["source"]]) if layout.quantized else 1, row_unit(enc))
-        item["members"] = (tuple(e.get("scale_group", [e["source"]])) if layout.global_scale
+        item["copied"] = item["copy_codes"] = requantized = False
+        if enc is not None:
+            from pcc.convert.quantized import copied, row_unit, streams_codes
+
+            plan = plan_of()
+            requantized = not copied(src, plan, plan.index[e["source"]])
+            item["copied"] = not requantized
+            item["copy_codes"] = (item["copied"] and src.nbytes(e["source"]) > PIECE_BYTES
+                                  and streams_codes(src, enc, e["targets"]))
+            if requantized and "fuse" not in e and 4 * math.prod(enc.shape) > PIECE_BYTES:  # its float32 values
+                item["rows"] = math.lcm(recipe["piece_rows"] if quantized else 1, row_unit(enc))
+        item["members"] = (tuple(e.get("scale_group", [e["source"]])) if recipe["global_scale"]
                            and (stored or requantized) and ("scale_group" in e or item["rows"]) else None)
         items.append(item)
     for e in doc["copied"]:
@@ -200,10 +215,16 @@ def _items(plan, doc: dict, src: Source, input_scales: dict) -> tuple[list[dict]
         if name in input_scales:
             continue
         entry = src.entries[name]
-        items.append({"op": None, "source": name, "emits": [name], "feeds": [], "fuse": None, "copy": True,
+        items.append({"op": None, "source": name, "recipe": None, "targets": None, "emits": [name], "feeds": [],
+                      "fuse": None, "copy": True,
                       "rows": None, "members": None, "copied": False, "copy_codes": False})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
+
+
+def _input_scales(doc: dict) -> bool:
+    """Does the checkpoint hold static input scales (`pcc.plan.encode.static_targets`: NVFP4's)?"""
+    return any(n.endswith(".input_scale") for e in doc["tensors"] for n in e["targets"])
 
 
 def _by_fused_target(entries: list[dict]) -> list[dict]:
@@ -694,7 +715,7 @@ def _bar(total: int, progress: bool):
     return tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)
 
 
-def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job: str, scales,
+def _finish(doc: dict, src: Source, work: Path, shards, hashes: dict, job: str, scales,
             extras: list[Path]) -> None:
     """config.json, index, side files, manifest; then the written headers checked against the plan."""
     config = dict(src.config)
@@ -710,7 +731,7 @@ def _finish(plan, doc: dict, src: Source, work: Path, shards, hashes: dict, job:
     total = sum(s.size - len(s.header) for s in shards)
     if len(shards) > 1:
         _write_json(work / INDEX, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-    _write_json(work / CHECKPOINT_MARK, {"contract": plan.contract.name, "layout": doc["layout"], "job": job,
+    _write_json(work / CHECKPOINT_MARK, {"contract": doc["contract"], "layout": doc["layout"], "job": job,
                                             "shard_hash": SHARD_HASH, "shards": hashes, "input_scales": scales.summary()})
     for s in shards:
         header = read_safetensors_header(work / s.file)

@@ -194,13 +194,17 @@ class Source:
         """Encoded weights by logical name and the source tensors they consume; empty for a wide source.
         Recognized on first use (a rollout checkpoint opened to be verified never needs it)."""
         if self._view is None:
-            from pcc.convert.quantized import read_small_int, recognize
+            from pcc.models.base import CatalogError
+            from pcc.models.quantized import read_small_int, recognize
 
             def small(name):
                 return read_small_int(self.root / self.where[name], self.data_start[self.where[name]],
                                       self.entries[name])
 
-            self._view = recognize(self.root, self.config, self.entries, small)
+            try:
+                self._view = recognize(self.root, self.config, self.entries, small)
+            except CatalogError as err:  # the converter's error, its code kept
+                raise ConvertError(str(err), code=err.code) from None
         return self._view
 
     def has(self, name: str) -> bool:

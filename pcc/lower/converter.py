@@ -13,7 +13,9 @@ import json
 from pcc.lower import Lowered, target, unsupported
 from pcc.lower.checkpoint_config import hf_quant_config, kv_cache_algo, quantization_config, rollout_layout, skip_list
 from pcc.plan import Plan
+from pcc.plan.encode import piece_rows
 from pcc.plan.layouts import Layout
+from pcc.plan.layouts.fp8 import Fp8Block
 from pcc.plan.tensors import sync_size
 
 BUCKET_BYTES = 512 << 20  # Miles' --update-weight-buffer-size default
@@ -69,6 +71,19 @@ def _steps(layout: Layout, fused: bool, moves: str, trainable: bool) -> list[str
     return steps + ["install", "activate"]
 
 
+def _pieces(plan: Plan, i: int) -> dict:
+    """How `pcc convert` may stream operator i's weight (its recipe's, the same for every operator of it):
+    `piece_rows`, the rows per piece it can be quantized in (None: whole); `global_scale`, its scale needs the
+    whole weight's amax first; `fp8_block`, [rows, cols] where the layout is plain block FP8 (E4M3 codes
+    rounded to nearest even, one FP32 scale per block), which pcc.convert.fast's kernel writes."""
+    layout, scheme = plan.layouts[i], plan.scheme("rollout", i)
+    w = scheme.grouping_of("weight")
+    plain = (type(layout) is Fp8Block and scheme.format == "fp8_e4m3" and scheme.scale == "fp32"
+             and scheme.rounding == "nearest_even" and scheme.packing is None and w is not None and w.kind == "block")
+    return {"piece_rows": piece_rows(plan, i), "global_scale": bool(layout.quantized and layout.global_scale),
+            "fp8_block": [w.rows, w.cols] if plain else None}
+
+
 def converter_plan(plan: Plan) -> dict:
     """The converter plan (see module doc); deterministic for the same Plan."""
     cat, c = plan.catalog, plan.contract
@@ -94,7 +109,7 @@ def converter_plan(plan: Plan) -> dict:
         rid = f"{op.family}/{scheme}"
         if rid not in recipes:
             recipes[rid] = {"scheme": scheme, "layout": t["layout"], "shard": _shard(plan, op.family, spec, op.shape),
-                            "steps": _steps(plan.layouts[i], "fuse" in t, moves, i in trainable)}
+                            "steps": _steps(plan.layouts[i], "fuse" in t, moves, i in trainable), **_pieces(plan, i)}
         entry = {"source": op.tensor, "recipe": rid, "targets": t["targets"]}
         for key in ("fuse", "scale_group"):
             if key in t:
@@ -106,7 +121,7 @@ def converter_plan(plan: Plan) -> dict:
         tensors.append(entry)
     extras = [{"source": name, "recipe": "copy", "targets": {name: "as source"}} for name in cat.extra_tensors]
     return {
-        "contract": c.name, "model": cat.name, "layout": rollout_layout(plan),
+        "contract": c.name, "model": cat.name, "source_fingerprint": cat.fingerprint, "layout": rollout_layout(plan),
         "quantization_config": quantization_config(plan), "hf_quant_config": hf_quant_config(plan),
         "kv_cache_quant_algo": kv_cache_algo(plan),
         "recipes": recipes, "tensors": tensors, "copied": extras, "skip": skip,
@@ -135,7 +150,7 @@ def _sync(plan: Plan, moved: int, buckets: int) -> dict:
 @target("converter", honours=("rollout.rules", "sync"))
 def lower_converter(plan: Plan) -> Lowered:
     doc = converter_plan(plan)
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+    text = json.dumps(doc, separators=(",", ":")) + "\n"  # in its order: `pcc convert BUNDLE` writes config.json from it
     s = doc["sync"]
     notes = [f"rollout layout {doc['layout']}; {len(doc['skip'])} tensors kept wide",
              f"a sync moves {s['moves']}: {s['bytes_per_version']} bytes per version"]

@@ -29,6 +29,9 @@ class Catalog:
     operators: tuple[Operator, ...]
     extra_tensors: tuple[str, ...]
     source: str | None = None
+    # what a checkpoint's catalog was computed from, hashed (pcc.models.checkpoint.fingerprint); None for a
+    # built-in or config-only catalog, and for a quantized checkpoint (its catalog reads tensor values too)
+    fingerprint: str | None = None
 
     @property
     def num_layers(self) -> int:
@@ -82,7 +85,7 @@ Record = tuple[str, tuple[int, ...] | None, str, str | None]
 
 
 def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: Iterable[str],
-             source: str | None = None, check_shapes: bool = True) -> Catalog:
+             source: str | None = None, check_shapes: bool = True, fingerprint: str | None = None) -> Catalog:
     """Build a Catalog from ``*.weight`` records and the non-weight tensors.
 
     With ``check_shapes`` a given shape that disagrees with the config
@@ -124,7 +127,7 @@ def assemble(name: str, config: dict, records: Iterable[Record], extra_tensors: 
     _check_layers(config, operators, source or name)
     extras = tuple(sorted([*extra_tensors, *unshaped], key=_natural))
     return Catalog(name=name, architecture=_architecture(operators), config=config,
-                   operators=operators, extra_tensors=extras, source=source)
+                   operators=operators, extra_tensors=extras, source=source, fingerprint=fingerprint)
 
 
 def _check_layers(config: dict, operators: tuple[Operator, ...], where: str) -> None:

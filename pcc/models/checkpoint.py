@@ -14,6 +14,7 @@ hub cache snapshot, into that model's `blobs/`). docs/models.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path, PurePosixPath
@@ -50,6 +51,7 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
     if not files:
         return _from_config_only(root, config)
     present = [name for name in files if inside(root, name).exists()]
+    print_ = None
     if weight_map and not present:
         weights, extras = _index_only(config, weight_map)
     elif len(present) < len(files):
@@ -57,9 +59,17 @@ def catalog_from_checkpoint(path: str | Path) -> Catalog:
         more = f"; {len(missing) - 1} more of its shard files are missing too" if len(missing) > 1 else ""
         raise CatalogError(f"{root / missing[0]}: shard file missing ({_INDEX} names it{more})", code="PCC210")
     else:
-        weights, extras = _read_shards(root, config, files, weight_map)
+        weights, extras, print_ = _read_shards(root, config, files, weight_map)
     known = lm_config(config).get("model_type") in KNOWN_MODEL_TYPES
-    return assemble(str(root), config, weights, extras, source=str(root), check_shapes=known)
+    return assemble(str(root), config, weights, extras, source=str(root), check_shapes=known, fingerprint=print_)
+
+
+def fingerprint(config: dict, entries: dict[str, dict]) -> str:
+    """What the catalog of a checkpoint whose tensors are all wide is computed from, hashed: config.json and
+    every tensor's name, dtype and shape (not where its bytes lie). A plan compiled for one checkpoint holds
+    for another of the same fingerprint (`pcc convert BUNDLE`, docs/convert.md "Start-up")."""
+    tensors = sorted([name, e["dtype"], e["shape"]] for name, e in entries.items())
+    return hashlib.sha256(json.dumps([config, tensors], sort_keys=True).encode()).hexdigest()
 
 
 def _from_config_only(root: Path, config: dict) -> Catalog:
@@ -159,7 +169,9 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
 
 
 def _read_shards(root: Path, config: dict, files: list[str], weight_map: dict[str, str]
-                 ) -> tuple[list[Record], list[str]]:
+                 ) -> tuple[list[Record], list[str], str | None]:
+    """The weights and other tensors, and the checkpoint's `fingerprint` (None for a quantized one: its catalog
+    also reads tensor values)."""
     entries: dict[str, dict] = {}
     where: dict[str, str] = {}
     starts: dict[str, int] = {}
@@ -181,7 +193,7 @@ def _read_shards(root: Path, config: dict, files: list[str], weight_map: dict[st
         return read_small_int(inside(root, file), starts[file], entries[tensor])
 
     view = recognize(root, config, entries, small)
-    return logical_records(root, entries, where, view)
+    return (*logical_records(root, entries, where, view), None if view.encodings else fingerprint(config, entries))
 
 
 def _read_index(root: Path) -> dict[str, str]:

@@ -288,7 +288,7 @@ def test_pcc_check_and_compile_never_import_torchao_or_peft(tmp_path):
 
     where = _torchao_dir()
     code = ("import sys; sys.path.append(sys.argv[1])\n"
-            "from pcc.lower import compile_file\nfrom pcc.bundle import bundle_files\nimport pcc.lower.fsdp_apply\n"
+            "from pcc.lower import compile_file\nfrom pcc.bundle.write import bundle_files\nimport pcc.lower.fsdp_apply\n"
             "c = compile_file(sys.argv[2]); assert c.ok; bundle_files(c.plan)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torchao', 'peft')))\n")
     out = subprocess.run([sys.executable, "-c", code, str(where), str(ROOT / "contracts" / "fsdp" /
