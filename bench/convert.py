@@ -9,7 +9,8 @@ Methods, each run in its own process (so its peak RSS is its own), all writing d
 file fsynced before the clock stops):
 - floor: safetensors `load_file` + `save_file` of every shard, unchanged (plain read + write);
 - straightforward: one shard at a time, the whole-tensor block-FP8 quantizer of bench/quantize.py;
-- pcc: `pcc.convert.run.convert` (fp8_block, embed and lm_head kept BF16);
+- pcc: `pcc.convert.run.convert` of the contract (fp8_block, embed and lm_head kept BF16), and of its bundle
+  (`pcc compile`d untimed, for this source: its converter plan runs as it is, docs/convert.md "Start-up");
 - llm-compressor: `model_free_ptq(scheme="FP8_BLOCK", ignore=["lm_head"])` on the CPU, when the python
   given by --llmcompressor-python (default: this one) can import it (`pip install -e .[bench]`); it
   does not fsync, so the bench fsyncs its files and counts that.
@@ -58,7 +59,7 @@ if TINY:
     CONFIG |= {"hidden_size": 256, "intermediate_size": 640, "num_attention_heads": 4, "num_key_value_heads": 2,
                "head_dim": 64, "vocab_size": 1024}
 CONTRACT = """contract bench-fp8 {
-  model llama3_8b
+  model from "%s"
   hardware H100
   rollout sglang {
     linear : fp8_block
@@ -214,6 +215,7 @@ def generate(src: Path = SRC, config: dict = CONFIG) -> None:
 
     from pcc.models.builtin import catalog_from_config
 
+    (ROOT / "bench.prec").write_text(CONTRACT % src)
     if (src / "model.safetensors.index.json").is_file():
         return
     shutil.rmtree(src, ignore_errors=True)
@@ -232,7 +234,6 @@ def generate(src: Path = SRC, config: dict = CONFIG) -> None:
             size += shard[op.tensor].numel() * 2
     (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (src / "config.json").write_text(json.dumps(config))
-    (ROOT / "bench.prec").write_text(CONTRACT)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -402,6 +403,15 @@ def pcc_convert(dst: Path, ckpt: str) -> None:
     convert(str(contract), str(src), str(dst))
 
 
+def pcc_bundle(dst: Path, ckpt: str) -> None:
+    """`pcc convert BUNDLE` of the contract's bundle, compiled for this source: its converter plan as it is."""
+    from pcc.convert.run import convert
+
+    got = convert(str(_bundle(ckpt)), str(CHECKPOINTS[ckpt][1]), str(dst))
+    if got["plan"] != "bundle":
+        raise SystemExit(f"{_bundle(ckpt)}: not converted from its converter plan ({got['plan']})")
+
+
 def llmcompressor(dst: Path, ckpt: str) -> None:
     import logging
 
@@ -416,9 +426,10 @@ def llmcompressor(dst: Path, ckpt: str) -> None:
 
 
 METHODS = {"physical": physical, "floor": floor, "straightforward": straightforward, "pcc": pcc_convert,
-           "llm-compressor": llmcompressor}
+           "pcc-bundle": pcc_bundle, "llm-compressor": llmcompressor}
 LABELS = {"physical": "physical floor (read, write out)", "floor": "copy floor (safetensors)",
-          "straightforward": "straightforward fp8", "pcc": "pcc convert (fp8_block)",
+          "straightforward": "straightforward fp8", "pcc": "pcc convert CONTRACT (fp8_block)",
+          "pcc-bundle": "  the same, BUNDLE (compiled for it)",
           "llm-compressor": "llm-compressor model_free_ptq"}
 
 
@@ -443,8 +454,11 @@ def child(method: str, ckpt: str) -> None:
 
 def sizes_child(ckpt: str) -> None:
     """An untimed pcc conversion (it also brings the source into the page cache): its output shards' sizes,
-    which the physical floor writes, saved beside the source."""
+    which the physical floor writes, saved beside the source; and the contract's bundle (`pcc compile`), which
+    the bundle row converts from."""
+    from pcc.bundle.write import write_bundle
     from pcc.convert.run import convert
+    from pcc.lower import compile_file
 
     _, src, contract, _, _ = CHECKPOINTS[ckpt]
     dst = ROOT / "out-sizes"
@@ -453,6 +467,11 @@ def sizes_child(ckpt: str) -> None:
     shards = sorted((f.name, f.stat().st_size) for f in dst.glob("*.safetensors"))
     _out_sizes(ckpt).write_text(json.dumps(shards))
     shutil.rmtree(dst, ignore_errors=True)
+    write_bundle(compile_file(str(contract)).plan, _bundle(ckpt), force=True, contract_path=str(contract))
+
+
+def _bundle(ckpt: str) -> Path:
+    return ROOT / f"{CHECKPOINTS[ckpt][1].name}.bundle"
 
 
 def calibration_child(label: str, calibrate: bool) -> None:
@@ -532,7 +551,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
             "floor": (LABELS["floor"], "floor", sys.executable, _path(here)),
             "straightforward": (LABELS["straightforward"], "straightforward", sys.executable, _path(here)),
             "pcc": (LABELS["pcc"] + ("" if fused else ", torch"), "pcc", sys.executable, _path(here))}
-    if fused:
+    if fused:  # (without the kernels a bundle's converter plan is not used: the torch path compiles the contract)
+        rows["pcc-bundle"] = (LABELS["pcc-bundle"], "pcc-bundle", sys.executable, _path(here))
         rows["pcc-torch"] = ("  the same, PCC_FUSED=0 (torch)", "pcc", sys.executable,
                              _path(here) | {"PCC_FUSED": "0"})
     else:

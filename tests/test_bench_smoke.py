@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pcc import fused
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -72,6 +74,8 @@ def test_convert_bench_prints_both_floors_for_both_checkpoints():
         assert rows["physical floor (read, write out)"][2] == "1.00"  # x physical
         assert rows["copy floor (safetensors)"][3] == "1.00"  # x copy
         assert any(k.startswith("pcc convert") for k in rows) and rows["llm-compressor model_free_ptq"]
+        if fused.available():  # converted from the bundle's converter plan (the bench fails where it was not)
+            assert rows["the same, BUNDLE (compiled for it)"]
 
 
 def test_model_code_bench_times_both_model_codes():
