@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pcc.convert import ConvertError, fast
 from pcc.convert.calibration import InputScales, resolve as resolve_input_scales
-from pcc.convert.contract import bundle_plan, load_plan
+from pcc.convert.contract import CONVERTER_PLAN, bundle_plan, load_plan
 from pcc.convert.destination import (
     CHECKPOINT_MARK,
     check_destination,
@@ -83,10 +83,10 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             doc = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one alone
         plan_of = functools.cache(lambda: load_plan(contract, source=src))
         planned = "bundle" if doc is not None else "compiled"
-        if doc is None:
-            from pcc.lower.converter import converter_plan
+        if doc is None:  # the file `pcc compile` writes, so both run the same program (its lowering is cached)
+            from pcc.lower import lower
 
-            doc = converter_plan(plan_of())
+            doc = json.loads(lower(plan_of(), "converter").files[CONVERTER_PLAN])
         started()
         dst = Path(dst_dir).resolve()
         root = Path(src.root).resolve()
