@@ -16,9 +16,10 @@ file fsynced before the clock stops):
   does not fsync, so the bench fsyncs its files and counts that.
 Each round runs every method once, in an order that alternates each round; each method keeps its
 best round, with that round's CPU seconds (user + kernel time of all its threads: where neighbours
-hold the cores, a method's time follows them). Cores and load average are printed before and after. `--busy` runs a CPU-bound process
-beside it all. pcc (and a --baseline tree) is byte-compiled before the rounds, as an installed one is: with
-PYTHONDONTWRITEBYTECODE set and no __pycache__ in a checkout, every child compiled pcc's sources (0.07 s).
+hold the cores, a method's time follows them). Cores and load average are printed before and after.
+`--busy` runs a CPU-bound process beside it all. pcc (and a --baseline tree) is byte-compiled before the
+rounds, as an installed one is: with PYTHONDONTWRITEBYTECODE set and no __pycache__ in a checkout, every
+child compiled pcc's sources (0.07 s).
 `--calibration`: the cost of NVFP4 input-scale calibration (docs/convert.md "Input scales"), each
 generated source converted to NVFP4 without and with `calibrate`, each conversion in its own process.
 `--memory`: peak RSS of `pcc convert` (no calibration) of a one-layer dense model whose MLP weights are

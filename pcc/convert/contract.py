@@ -79,7 +79,8 @@ def _well_formed(doc) -> bool:
         return (isinstance(r, dict) and isinstance(r.get("steps"), list) and all(_is(x, str) for x in r["steps"])
                 and "piece_rows" in r and (r["piece_rows"] is None or _is(r["piece_rows"], int) and r["piece_rows"] > 0)
                 and isinstance(r.get("global_scale"), bool)
-                and "fp8_block" in r and (r["fp8_block"] is None or ints(r["fp8_block"], 2) and 0 not in r["fp8_block"]))
+                and "fp8_block" in r
+                and (r["fp8_block"] is None or ints(r["fp8_block"], 2) and 0 not in r["fp8_block"]))
 
     def tensor(e, recipes):
         return (isinstance(e, dict) and _is(e.get("source"), str) and e.get("recipe") in recipes
@@ -91,7 +92,8 @@ def _well_formed(doc) -> bool:
 
     if not (isinstance(doc, dict) and all(_is(doc.get(k), str) for k in ("contract", "layout"))
             and all(doc.get(k) is None or isinstance(doc[k], dict) for k in ("quantization_config", "hf_quant_config"))
-            and "source_fingerprint" in doc and (doc["source_fingerprint"] is None or _is(doc["source_fingerprint"], str))
+            and "source_fingerprint" in doc
+            and (doc["source_fingerprint"] is None or _is(doc["source_fingerprint"], str))
             and isinstance(doc.get("recipes"), dict) and isinstance(doc.get("tensors"), list)
             and isinstance(doc.get("copied"), list)):
         return False

@@ -182,7 +182,8 @@ def _items(plan_of, doc: dict, src: Source, input_scales: dict) -> tuple[list[di
         quantized = "quantize" in recipe["steps"]
         item = {"op": k, "source": e["source"], "recipe": recipe, "targets": e["targets"], "emits": [], "feeds": [],
                 "fuse": e.get("fuse"), "copy": not quantized and list(e["targets"]) == [e["source"]]
-                and src.stored(e["source"]) and src.entries[e["source"]]["shape"] == list(e["targets"][e["source"]]["shape"])
+                and src.stored(e["source"])
+                and src.entries[e["source"]]["shape"] == list(e["targets"][e["source"]]["shape"])
                 and _ST_TORCH.get(src.entries[e["source"]]["dtype"]) == e["targets"][e["source"]]["dtype"]}
         for name, t in e["targets"].items():
             if "fuse" in e:

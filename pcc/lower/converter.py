@@ -150,7 +150,8 @@ def _sync(plan: Plan, moved: int, buckets: int) -> dict:
 @target("converter", honours=("rollout.rules", "sync"))
 def lower_converter(plan: Plan) -> Lowered:
     doc = converter_plan(plan)
-    text = json.dumps(doc, separators=(",", ":")) + "\n"  # in its order: `pcc convert BUNDLE` writes config.json from it
+    # in its order: `pcc convert BUNDLE` writes config.json's quantization_config from it
+    text = json.dumps(doc, separators=(",", ":")) + "\n"
     s = doc["sync"]
     notes = [f"rollout layout {doc['layout']}; {len(doc['skip'])} tensors kept wide",
              f"a sync moves {s['moves']}: {s['bytes_per_version']} bytes per version"]
