@@ -46,8 +46,8 @@ def _fp8_spec(it: dict, src) -> tuple | None:
     if it["op"] is None or it["copy"] or it["fuse"] is not None or it["members"] is not None or it["copied"]:
         return None
     block, targets = it["recipe"]["fp8_block"], it["targets"]
-    if block is None or len(targets) != 2:
-        return None
+    if block is None or len(targets) != 2 or it["rows"] is not None and it["rows"] % block[0]:
+        return None  # (pieces of whole scale blocks only: `first // r` places a piece's scales)
     (codes, c), (scales, s) = targets.items()
     if len(c["shape"]) != 2 or 0 in c["shape"] or src.entries[it["source"]]["shape"] != list(c["shape"]):
         return None

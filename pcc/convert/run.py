@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pcc.convert import ConvertError, fast
 from pcc.convert.calibration import InputScales, resolve as resolve_input_scales
-from pcc.convert.contract import CONVERTER_PLAN, bundle_plan, load_plan
+from pcc.convert.contract import bundle_plan, load_plan
 from pcc.convert.destination import (
     CHECKPOINT_MARK,
     check_destination,
@@ -83,10 +83,10 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             doc = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one alone
         plan_of = functools.cache(lambda: load_plan(contract, source=src))
         planned = "bundle" if doc is not None else "compiled"
-        if doc is None:  # the file `pcc compile` writes, so both run the same program (its lowering is cached)
-            from pcc.lower import lower
+        if doc is None:
+            from pcc.lower.converter import converter_plan
 
-            doc = json.loads(lower(plan_of(), "converter").files[CONVERTER_PLAN])
+            doc = converter_plan(plan_of())
         started()
         dst = Path(dst_dir).resolve()
         root = Path(src.root).resolve()
@@ -95,8 +95,8 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         with destination_lock(dst):
             work = _staging(dst, resume, force)
             with _stopping(dst, work):
-                made, scales = _build(plan_of, doc, src, work, extras, resume, max_shard_bytes, progress, calibrate,
-                                      calibration_tokens)
+                made, scales = _build(plan_of, doc, planned == "bundle", src, work, extras, resume, max_shard_bytes,
+                                      progress, calibrate, calibration_tokens)
                 with writing(work):
                     _install(work, dst)
     secs = time.perf_counter() - t0
@@ -118,13 +118,14 @@ def _staging(dst: Path, resume: bool, force: bool) -> Path:
     return work
 
 
-def _build(plan_of, doc: dict, src: Source, work: Path, extras: list[Path], resume: bool, max_shard_bytes: int,
-           progress: bool, calibrate: bool | None, calibration_tokens: str | None) -> tuple[dict, object]:
+def _build(plan_of, doc: dict, bundled: bool, src: Source, work: Path, extras: list[Path], resume: bool,
+           max_shard_bytes: int, progress: bool, calibrate: bool | None, calibration_tokens: str | None
+           ) -> tuple[dict, object]:
     """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
-    counts, and the input scales."""
+    counts, and the input scales (none where a bundle's converter plan runs: the torch-free path it is taken
+    for writes none)."""
     try:
-        scales = resolve_input_scales(plan_of(), src, calibrate, calibration_tokens) if _input_scales(doc) \
-            else InputScales()
+        scales = InputScales() if bundled else resolve_input_scales(plan_of(), src, calibrate, calibration_tokens)
     except BaseException:
         src.close()
         raise
@@ -215,17 +216,14 @@ def _items(plan_of, doc: dict, src: Source, input_scales: dict) -> tuple[list[di
         name = e["source"]
         if name in input_scales:
             continue
+        if name not in src.entries:
+            raise ConvertError(f"{src.root}: the plan copies {name}, which the checkpoint lacks")
         entry = src.entries[name]
         items.append({"op": None, "source": name, "recipe": None, "targets": None, "emits": [name], "feeds": [],
                       "fuse": None, "copy": True,
                       "rows": None, "members": None, "copied": False, "copy_codes": False})
         order.append((name, entry["dtype"], entry["shape"]))
     return items, order
-
-
-def _input_scales(doc: dict) -> bool:
-    """Does the checkpoint hold static input scales (`pcc.plan.encode.static_targets`: NVFP4's)?"""
-    return any(n.endswith(".input_scale") for e in doc["tensors"] for n in e["targets"])
 
 
 def _by_fused_target(entries: list[dict]) -> list[dict]:

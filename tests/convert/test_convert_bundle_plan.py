@@ -186,3 +186,30 @@ def test_every_operator_of_a_recipe_streams_as_its_recipe_says(path):
     for e in doc["tensors"]:
         recipe = doc["recipes"][e["recipe"]]
         assert {k: recipe[k] for k in ("piece_rows", "global_scale", "fp8_block")} == _pieces(plan, ops[e["source"]])
+
+
+def test_a_converter_plan_whose_pieces_would_split_scale_blocks_is_not_run(compiled, tmp_path, monkeypatch):
+    """Edited with its manifest to match, a recipe's `piece_rows` that is not a whole number of FP8 scale blocks
+    would place a piece's scales wrongly: the kernel path refuses it, the contract is compiled, the bytes are
+    right."""
+    src, contract, bundle = compiled
+    monkeypatch.setattr(run, "PIECE_BYTES", 16 << 10)  # every weight of tiny_moe quantized in row pieces
+    doc = json.loads((bundle / PLAN).read_text())
+    for r in doc["recipes"].values():
+        if r["fp8_block"] is not None:
+            r["piece_rows"] = 3
+    _rewrite(bundle, PLAN, json.dumps(doc))
+    assert run.convert(str(bundle), str(src), str(tmp_path / "from-bundle"))["plan"] == "compiled"
+    run.convert(str(contract), str(src), str(tmp_path / "from-contract"))
+    assert _outputs(tmp_path / "from-bundle") == _outputs(tmp_path / "from-contract")
+
+
+def test_a_converter_plan_copying_a_tensor_the_source_lacks_is_refused(compiled, tmp_path, capsys):
+    src, _, bundle = compiled
+    doc = json.loads((bundle / PLAN).read_text())
+    doc["copied"].append({"source": "model.nowhere", "recipe": "copy", "targets": {"model.nowhere": "as source"}})
+    _rewrite(bundle, PLAN, json.dumps(doc))
+    assert main(["convert", str(bundle), "--source", str(src), "-o", str(tmp_path / "dst"), "--json"]) == 1
+    [d] = json.loads(capsys.readouterr().out)["diagnostics"]
+    assert d["code"] == "PCC702" and "model.nowhere, which the checkpoint lacks" in d["message"]
+    assert not (tmp_path / "dst").exists()
