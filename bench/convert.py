@@ -9,8 +9,9 @@ Methods, each run in its own process (so its peak RSS is its own), all writing d
 file fsynced before the clock stops):
 - floor: safetensors `load_file` + `save_file` of every shard, unchanged (plain read + write);
 - straightforward: one shard at a time, the whole-tensor block-FP8 quantizer of bench/quantize.py;
-- pcc: `pcc.convert.run.convert` of the contract (fp8_block, embed and lm_head kept BF16), and of its bundle
-  (`pcc compile`d untimed, for this source: its converter plan runs as it is, docs/convert.md "Start-up");
+- pcc: `pcc convert CONTRACT --json` as a user runs it (pcc.cli.main, in the child: its parser, then the
+  conversion) of the contract (fp8_block, embed and lm_head kept BF16), and of its bundle (`pcc compile`d
+  untimed, for this source: its converter plan runs as it is, docs/convert.md "Start-up");
 - llm-compressor: `model_free_ptq(scheme="FP8_BLOCK", ignore=["lm_head"])` on the CPU, when the python
   given by --llmcompressor-python (default: this one) can import it (`pip install -e .[bench]`); it
   does not fsync, so the bench fsyncs its files and counts that.
@@ -216,6 +217,7 @@ def generate(src: Path = SRC, config: dict = CONFIG) -> None:
 
     from pcc.models.builtin import catalog_from_config
 
+    ROOT.mkdir(parents=True, exist_ok=True)  # (a fresh machine: nothing under $TMPDIR yet)
     (ROOT / "bench.prec").write_text(CONTRACT % src)
     if (src / "model.safetensors.index.json").is_file():
         return
@@ -256,6 +258,7 @@ def _moe_contract(src: Path) -> Path:
 def generate_moe(src: Path = MOE_SRC) -> None:
     """The Qwen3-MoE source, written by transformers' save_pretrained (once: a marker beside it says it is whole)."""
     done = src.with_name(src.name + ".complete")
+    src.parent.mkdir(parents=True, exist_ok=True)
     _moe_contract(src).write_text(MOE_CONTRACT % src)
     if done.is_file():
         return
@@ -397,20 +400,30 @@ def straightforward(dst: Path, ckpt: str) -> None:
     _fsync_tree(dst)
 
 
-def pcc_convert(dst: Path, ckpt: str) -> None:
-    from pcc.convert.run import convert
+def _pcc_cli(source: Path, dst: Path, ckpt: str) -> dict:
+    """`pcc convert SOURCE --source SRC -o DST --json` as a user runs it (pcc.cli.main: the CLI's parser, then
+    the conversion), in this process; the envelope's result."""
+    import contextlib
+    import io
 
-    _, src, contract, _, _ = CHECKPOINTS[ckpt]
-    convert(str(contract), str(src), str(dst))
+    from pcc.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["convert", str(source), "--source", str(CHECKPOINTS[ckpt][1]), "-o", str(dst), "--json"])
+    if code != 0:
+        raise SystemExit(f"pcc convert {source}: exit {code}\n{out.getvalue()[-3000:]}")
+    return json.loads(out.getvalue())["result"]
+
+
+def pcc_convert(dst: Path, ckpt: str) -> None:
+    _pcc_cli(CHECKPOINTS[ckpt][2], dst, ckpt)
 
 
 def pcc_bundle(dst: Path, ckpt: str) -> None:
     """`pcc convert BUNDLE` of the contract's bundle, compiled for this source: its converter plan as it is."""
-    from pcc.convert.run import convert
-
-    got = convert(str(_bundle(ckpt)), str(CHECKPOINTS[ckpt][1]), str(dst))
-    if got["plan"] != "bundle":
-        raise SystemExit(f"{_bundle(ckpt)}: not converted from its converter plan ({got['plan']})")
+    if _pcc_cli(_bundle(ckpt), dst, ckpt)["plan"] != "bundle":
+        raise SystemExit(f"{_bundle(ckpt)}: not converted from its converter plan")
 
 
 def llmcompressor(dst: Path, ckpt: str) -> None:

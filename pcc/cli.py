@@ -341,11 +341,11 @@ def add_out(s, help: str, *aliases: str, required: bool = False, **kw) -> None:
 def _wire_run_targets() -> None:
     """`pcc run --target miles|verl` launches a bundle on that framework: the bundle stage's launcher,
     registered here so the runtime (a later stage than bundle) need not know about it."""
+    from pcc.bundle import FRAMEWORKS
     from pcc.bundle.cli import run_on_framework
-    from pcc.bundle.launch import LAUNCHERS
     from pcc.runtime.cli import add_run_target
 
-    for name in LAUNCHERS:
+    for name in FRAMEWORKS:
         add_run_target(name, run_on_framework)
 
 

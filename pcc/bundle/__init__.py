@@ -22,6 +22,9 @@ from pcc.lang.inputs import MAX_CONTRACT, InputError, read_bytes, read_json
 MANIFEST = "manifest.json"
 CONTRACT = "contract.prec"
 MAX_FILE = 256 << 20  # one bundle file (plan.json of a trillion-parameter model is a few MiB)
+# `pcc run --target FRAMEWORK`: framework -> its name in messages; pcc.bundle.launch.LAUNCHERS builds each
+# launch. Here so that building the CLI's parser imports no compiler (`pcc convert BUNDLE` starts without it).
+FRAMEWORKS = {"miles": "Miles", "verl": "verl", "nemo_rl": "NeMo RL"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -41,9 +41,10 @@ def run_on_framework(args, rep) -> int:
     """`pcc run CONTRACT|BUNDLE --target miles|verl [--dry-run] [-- ARGS...]`: pcc.bundle.launch, in the
     frame's terms (with --json its printed launch becomes the envelope's result, its errors
     diagnostics). ARGS go to the framework after the bundle's own (later flags or overrides win)."""
-    from pcc.bundle.launch import LAUNCHERS, run_launch
+    from pcc.bundle import FRAMEWORKS
+    from pcc.bundle.launch import run_launch
 
-    framework, name = args.target, LAUNCHERS[args.target][0]
+    framework, name = args.target, FRAMEWORKS[args.target]
     rep.contract_file(args.contract)  # exit 2 when it names no contract or bundle; a bundle's manifest checked
     problem = launch_files_problem(args.contract, framework)
     if problem is not None:

@@ -386,7 +386,7 @@ def _only_listed(bundle: Path, framework: str, name: str, listed: set[str]) -> N
                    f"(added after compile), and a launch runs only what pcc compiled; {why}", code="PCC706")
 
 
-LAUNCHERS = {"miles": ("Miles", miles_launch), "verl": ("verl", verl_launch), "nemo_rl": ("NeMo RL", nemo_rl_launch)}
+LAUNCHERS = {"miles": miles_launch, "verl": verl_launch, "nemo_rl": nemo_rl_launch}  # (pcc.bundle.FRAMEWORKS' keys)
 
 
 def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra: list[str] | None = None) -> int:
@@ -394,9 +394,9 @@ def run_launch(framework: str, source: str, dry_run: bool, as_json: bool, extra:
     missing, or run the bundle's FRAMEWORK/launch.sh with `extra` after its own arguments."""
     import json
 
-    from pcc.bundle import BundleError
+    from pcc.bundle import FRAMEWORKS, BundleError
 
-    name, build = LAUNCHERS[framework]
+    name, build = FRAMEWORKS[framework], LAUNCHERS[framework]
     extra = list(extra or [])
     try:
         bundle, tmp, listed = _bundle_dir(source)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pcc.bundle import read_bundle
 from pcc.bundle.write import write_bundle
-from pcc.bundle.launch import LAUNCHERS
+from pcc.bundle import FRAMEWORKS
 from pcc.cli import main
 from pcc.plan import compile_file
 
@@ -188,7 +188,7 @@ def test_verl_launch_names_what_is_missing_and_refuses_other_bundles(tmp_path, c
     for framework, contract in (("verl", "tiny_cpu.prec"), ("miles", "verl/tiny_cpu.prec")):  # a contract file
         assert main(["run", str(ROOT / "contracts" / contract), "--target", framework, "--dry-run", "--json"]) == 1
         (d,) = [d for d in json.loads(capsys.readouterr().out)["diagnostics"] if d["severity"] == "error"]
-        assert d["code"] == "PCC706" and f"does not run on {LAUNCHERS[framework][0]}" in d["message"], d
+        assert d["code"] == "PCC706" and f"does not run on {FRAMEWORKS[framework]}" in d["message"], d
 
 
 VERL_JOB = ("# my GSM8K job\n"

@@ -81,13 +81,20 @@ def test_a_bundle_compiled_for_the_source_converts_without_compiling(compiled, t
     assert _outputs(tmp_path / "from-bundle") == _outputs(tmp_path / "from-contract")  # shards, config, job record
 
 
-def test_the_bundle_lane_imports_neither_the_grammar_nor_the_compiler(compiled, tmp_path):
+@pytest.mark.parametrize("entry", ["convert", "cli"])
+def test_the_bundle_lane_imports_neither_the_grammar_nor_the_compiler(compiled, tmp_path, entry):
+    """As a library call and as `pcc convert BUNDLE` (whose parser names every verb and `pcc run` target)."""
     src, _, bundle = compiled
-    code = ("import json, sys\nfrom pcc.convert.run import convert\n"
-            f"s = convert({str(bundle)!r}, {str(src)!r}, {str(tmp_path / 'dst')!r})\n"
+    args = (str(bundle), str(src), str(tmp_path / "dst"))
+    run_it = (f"from pcc.convert.run import convert\nplan = convert{args!r}['plan']\n" if entry == "convert" else
+              "import contextlib, io\nfrom pcc.cli import main\nout = io.StringIO()\n"
+              "with contextlib.redirect_stdout(out):\n"
+              f"    assert main(['convert', {args[0]!r}, '--source', {args[1]!r}, '-o', {args[2]!r}, '--json']) == 0\n"
+              "plan = json.loads(out.getvalue())['result']['plan']\n")
+    code = ("import json, sys\n" + run_it +
             "heavy = ('lark', 'pydantic', 'yaml', 'torch', 'numpy', 'pcc.plan', 'pcc.lower', 'pcc.contract')\n"
-            "print(json.dumps([s['plan'], sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
-            "                                   or m.startswith(heavy[-3:]))]))")
+            "print(json.dumps([plan, sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
+            "                               or m.startswith(heavy[-3:]))]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == ["bundle", []]
 
