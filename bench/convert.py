@@ -17,7 +17,9 @@ file fsynced before the clock stops):
   does not fsync, so the bench fsyncs its files and counts that.
 Each round runs every method once, in an order that alternates each round; each method keeps its
 best round, with that round's CPU seconds (user + kernel time of all its threads: where neighbours
-hold the cores, a method's time follows them). Cores and load average are printed before and after.
+hold the cores, a method's time follows them), and the median over rounds of its round's time over the
+physical floor's in the same round (paired: a floor's lucky round, 0.30 s where most take 0.5-0.6 here,
+moves it less than the best-of ratio). Cores and load average are printed before and after.
 `--busy` runs a CPU-bound process beside it all. pcc (and a --baseline tree) is byte-compiled before the
 rounds, as an installed one is: with PYTHONDONTWRITEBYTECODE set and no __pycache__ in a checkout, every
 child compiled pcc's sources (0.07 s).
@@ -36,6 +38,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -581,7 +584,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree) / "pcc")], check=True)
     print(machine())
     print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process; "
-          "x physical, x copy: seconds over each floor's; CPU s: user + system of every thread, the best round's; "
+          "x physical, x copy: seconds over each floor's; x phys, rounds: the median over rounds of a round's "
+          "seconds over the physical floor's in that round (one lucky round of either moves it less); CPU s: user + system of every thread, the best round's; "
           "RSS: the largest")
     names = list(rows)
     for ckpt in only:
@@ -605,16 +609,17 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
                     "all": [round(r["seconds"], 2) for r in rs]} for m, rs in runs.items()}
         print(f"\n{label}: {size / 1e9:.2f} GB BF16 in {len(files)} file(s), {tensors:,} tensors; "
               f"pcc writes {out / 1e9:.2f} GB")
-        print(f"{'method':<36}{'GB/s in':>8}{'seconds':>9}{'x physical':>11}{'x copy':>8}{'CPU s':>7}"
-              f"{'peak RSS':>11}  every round (s)")
+        print(f"{'method':<36}{'GB/s in':>8}{'seconds':>9}{'x physical':>11}{'x copy':>8}{'x phys, rounds':>15}"
+              f"{'CPU s':>7}{'peak RSS':>11}  every round (s)")
         for m in names + ([] if llmc else ["llm-compressor"]):
             if m not in best:
-                print(f"{LABELS[m]:<36}{'-':>8}{'-':>9}{'-':>11}{'-':>8}{'-':>7}{'-':>11}")
+                print(f"{LABELS[m]:<36}{'-':>8}{'-':>9}{'-':>11}{'-':>8}{'-':>15}{'-':>7}{'-':>11}")
                 continue
             r = best[m]
+            paired = statistics.median(a["seconds"] / b["seconds"] for a, b in zip(runs[m], runs["physical"]))
             print(f"{rows[m][0]:<36}{size / r['seconds'] / 1e9:>8.2f}{r['seconds']:>9.2f}"
                   f"{r['seconds'] / best['physical']['seconds']:>11.2f}{r['seconds'] / best['floor']['seconds']:>8.2f}"
-                  f"{r['cpu']:>7.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}", flush=True)
+                  f"{paired:>15.2f}{r['cpu']:>7.2f}{r['peak_rss'] / 2**20:>7.0f} MiB  {r['all']}", flush=True)
     print("after: " + machine())
 
 

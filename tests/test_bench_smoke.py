@@ -73,6 +73,7 @@ def test_convert_bench_prints_both_floors_for_both_checkpoints():
         rows = {line[:36].strip(): line[36:].split() for line in table.splitlines()[2:] if line[:1] not in ("", "a")}
         assert rows["physical floor (read, write out)"][2] == "1.00"  # x physical
         assert rows["copy floor (safetensors)"][3] == "1.00"  # x copy
+        assert rows["physical floor (read, write out)"][4] == "1.00"  # x phys, rounds (paired by round)
         assert any(k.startswith("pcc convert") for k in rows) and rows["llm-compressor model_free_ptq"]
         if fused.available():  # converted from the bundle's converter plan (the bench fails where it was not)
             assert rows["the same, BUNDLE (compiled for it)"]
