@@ -79,8 +79,9 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         src = open_source(src_dir)
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
         doc = bundle_plan(contract, src)
-        if doc is not None and fast.eligible(src, _items(None, doc, src, {})[0], {}) is None:
-            doc = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one alone
+        listed = _items(None, doc, src, {}) if doc is not None else None  # (its items: no input scales)
+        if listed is not None and fast.eligible(src, listed[0], {}) is None:
+            doc = listed = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one
         plan_of = functools.cache(lambda: load_plan(contract, source=src))
         planned = "bundle" if doc is not None else "compiled"
         if doc is None:
@@ -95,7 +96,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         with destination_lock(dst):
             work = _staging(dst, resume, force)
             with _stopping(dst, work):
-                made, scales = _build(plan_of, doc, planned == "bundle", src, work, extras, resume, max_shard_bytes,
+                made, scales = _build(plan_of, doc, listed, src, work, extras, resume, max_shard_bytes,
                                       progress, calibrate, calibration_tokens)
                 with writing(work):
                     _install(work, dst)
@@ -118,20 +119,20 @@ def _staging(dst: Path, resume: bool, force: bool) -> Path:
     return work
 
 
-def _build(plan_of, doc: dict, bundled: bool, src: Source, work: Path, extras: list[Path], resume: bool,
+def _build(plan_of, doc: dict, listed: tuple | None, src: Source, work: Path, extras: list[Path], resume: bool,
            max_shard_bytes: int, progress: bool, calibrate: bool | None, calibration_tokens: str | None
            ) -> tuple[dict, object]:
     """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
-    counts, and the input scales (none where a bundle's converter plan runs: the torch-free path it is taken
-    for writes none)."""
+    counts, and the input scales (none where a bundle's converter plan runs, `listed` its `_items`: the
+    torch-free path it is taken for writes none)."""
     try:
-        scales = InputScales() if bundled else resolve_input_scales(plan_of(), src, calibrate, calibration_tokens)
+        scales = InputScales() if listed else resolve_input_scales(plan_of(), src, calibrate, calibration_tokens)
     except BaseException:
         src.close()
         raise
     with writing(work):
         (work / RECORDS).mkdir(parents=True, exist_ok=True)
-    items, order = _items(plan_of, doc, src, scales.values)
+    items, order = listed or _items(plan_of, doc, src, scales.values)
     shards = plan_shards(order, max_shard_bytes)
     job = _job_id(doc, src, max_shard_bytes, scales.identity())
     done = {s.file for s in shards if resume and complete(work, s, job)}

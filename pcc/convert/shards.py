@@ -156,7 +156,11 @@ def writing(path: Path):
     try:
         yield
     except OSError as err:
-        raise ConvertError(f"{err.filename or path}: cannot write: {err.strerror or err}", code="PCC709") from err
+        raise refused(err, path) from err
+
+
+def refused(err: OSError, path: Path) -> ConvertError:
+    return ConvertError(f"{err.filename or path}: cannot write: {err.strerror or err}", code="PCC709")
 
 
 class _Sink:
@@ -320,7 +324,7 @@ class ShardWriter:
     def write(self, name: str, data, last: bool = True) -> None:
         """Append `data` of tensor `name`; a tensor may come in several pieces, `last` on its final one."""
         shard = self.owner[name]
-        with writing(self.root / (shard.file + ".tmp")):
+        try:  # (no `writing` context here: a MoE's thousands of pieces each paid for it and the path)
             if self._f is None or shard is not self.shards[self._k]:
                 self._open(shard)
             expect = shard.names[self._pos]
@@ -332,6 +336,8 @@ class ShardWriter:
             self._pos += 1
             if self._pos == len(shard.names):
                 self._close()
+        except OSError as err:
+            raise refused(err, self.root / (shard.file + ".tmp")) from err
 
     def _open(self, shard: Shard) -> None:
         if self._f is not None:
