@@ -5,13 +5,19 @@ import os
 import subprocess
 from pathlib import Path
 
-from pcc.bundle import read_bundle
+from pcc.bundle import FRAMEWORKS, read_bundle
+from pcc.bundle.launch import LAUNCHERS
 from pcc.bundle.write import write_bundle
-from pcc.bundle import FRAMEWORKS
 from pcc.cli import main
 from pcc.plan import compile_file
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_framework_named_has_a_launcher():
+    """pcc.bundle.FRAMEWORKS names `pcc run`'s targets for the parser (no compiler imported); the launchers are
+    pcc.bundle.launch's: the same keys, or a target would parse and then fail."""
+    assert set(FRAMEWORKS) == set(LAUNCHERS)
 
 
 def test_dry_run_prints_the_command_with_absolute_bundle_files(tmp_path, capsys):
