@@ -585,8 +585,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
     print(machine())
     print(f"best of {rounds} rounds, methods interleaved in alternating order, each in its own process; "
           "x physical, x copy: seconds over each floor's; x phys, rounds: the median over rounds of a round's "
-          "seconds over the physical floor's in that round (one lucky round of either moves it less); CPU s: user + system of every thread, the best round's; "
-          "RSS: the largest")
+          "seconds over the physical floor's in that round (one lucky round of either moves it less); "
+          "CPU s: user + system of every thread, the best round's; RSS: the largest")
     names = list(rows)
     for ckpt in only:
         label, src, _, _, _ = CHECKPOINTS[ckpt]

@@ -9,20 +9,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pcc.contract.scheme import Scheme
+from pcc.contract.scheme import Scheme, _Model  # (one base: forbid extras, frozen, built on first use)
 
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 Component = Literal["rollout", "fprop", "dgrad", "wgrad"]
 GEMM_COMPONENTS = ("fprop", "dgrad", "wgrad")
-
-
-class _Model(BaseModel):
-    # defer_build: each class's validator is built when first used, not at import (importing the compiler
-    # built every one: about 0.03 s of each `pcc` command that compiles a contract)
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class ModelRef(_Model):
