@@ -1,7 +1,8 @@
 """Block-FP8 conversion of a generated ~2 GB BF16 checkpoint: `pcc convert` beside the I/O floor and the
 converters a user would pick instead, interleaved, on the machine as it is.
 
-    python bench/convert.py [--rounds 3] [--busy [N]] [--layers 4]   # generates the checkpoint once under $TMPDIR
+    python bench/convert.py [--rounds 3] [--busy [N]] [--large]   # generates the checkpoints once under $TMPDIR
+    python bench/convert.py --threads [--rounds 3]  # where pcc's time goes: each thread's CPU, start-up, disk
     python bench/convert.py --calibration          # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
     python bench/convert.py --memory [--baseline DIR]   # peak RSS with 512 MiB weights, per layout and source
 
@@ -450,6 +451,43 @@ LABELS = {"physical": "physical floor (read, write out)", "floor": "copy floor (
           "llm-compressor": "llm-compressor model_free_ptq"}
 
 
+def _watch_threads() -> dict:
+    """Hooks, installed before a conversion, that record where its time goes (`--threads`): each thread's CPU
+    seconds when it ends (`threading.Thread.run`, which the pools' threads run too), the seconds the disk
+    thread spent in its direct writes (`pcc.convert.shards._write_all`), and when the pipeline started. Those two
+    modules are imported before the clock starts, to be hooked: their 0.01 s is missing from the start-up."""
+    import re
+    import threading
+
+    from pcc.convert import fast, shards
+
+    seen = {"cpu": {}, "disk": 0.0, "start": None, "t0": time.perf_counter()}
+    lock = threading.Lock()
+    run, write_all, pipeline = threading.Thread.run, shards._write_all, fast.pipeline
+
+    def timed_run(self):
+        try:
+            run(self)
+        finally:  # "Thread-2 (reader)" -> reader, "pcc-fast_1" -> pcc-fast
+            group = re.sub(r"^Thread-\d+ \((.*)\)$", r"\1", re.sub(r"_\d+$", "", self.name))
+            with lock:
+                seen["cpu"][group] = seen["cpu"].get(group, 0.0) + time.thread_time()
+
+    def timed_write(*args):
+        t = time.perf_counter()
+        try:
+            return write_all(*args)
+        finally:
+            seen["disk"] += time.perf_counter() - t
+
+    def started(*args, **kwargs):
+        seen["start"] = time.perf_counter() - seen["t0"]
+        return pipeline(*args, **kwargs)
+
+    threading.Thread.run, shards._write_all, fast.pipeline = timed_run, timed_write, started
+    return seen
+
+
 def child(method: str, ckpt: str) -> None:
     dst = ROOT / f"out-{method}"
     for old in (dst, ROOT / f".{dst.name}.partial"):  # a killed earlier run's output or pcc's staging
@@ -459,14 +497,21 @@ def child(method: str, ckpt: str) -> None:
         from pcc.convert.shards import STAGE_BYTES, STAGE_COUNT
 
         extra = {"stage": STAGE_BYTES, "count": STAGE_COUNT}
+    watched = _watch_threads() if os.environ.get("PCC_BENCH_THREADS") else None
     before = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    main_cpu, t0 = time.thread_time(), time.perf_counter()
+    if watched is not None:
+        watched["t0"] = t0
     METHODS[method](dst, ckpt, **extra)
     secs = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # every thread, user + kernel
     shutil.rmtree(dst, ignore_errors=True)
-    print(json.dumps({"seconds": secs, "cpu": cpu, "peak_rss": after.ru_maxrss * 1024}))
+    got = {"seconds": secs, "cpu": cpu, "peak_rss": after.ru_maxrss * 1024}
+    if watched is not None:
+        got |= {"threads": {"main": time.thread_time() - main_cpu, **watched["cpu"]}, "disk": watched["disk"],
+                "start": watched["start"]}
+    print(json.dumps(got))
 
 
 def sizes_child(ckpt: str) -> None:
@@ -623,6 +668,37 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
     print("after: " + machine())
 
 
+def threads(rounds: int, only: list[str]) -> None:
+    """`--threads`: where `pcc convert BUNDLE`'s time goes, each conversion in its own process (the bench's
+    pcc-bundle child, hooked by `_watch_threads`): its seconds, the start-up before the pipeline, the seconds its
+    disk thread spent writing, and the CPU seconds of each of its threads (a pool's summed)."""
+    here = str(Path(__file__).resolve().parents[1])
+    if not _has_fused(here):
+        raise SystemExit("--threads: llvmlite is not importable, and the torch path has other threads")
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(here) / "pcc")], check=True)
+    print(machine())
+    print("pcc convert BUNDLE, one conversion a row, each in its own process; start: seconds before the pipeline "
+          "(imports, plan, kernels); disk: seconds in direct writes; CPU s of each thread at its end (main: the "
+          "caller's; pcc-fast: the chunk workers together)")
+    for ckpt in only:
+        subprocess.run([sys.executable, __file__, "--generate", ckpt], check=True)
+        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True)
+        got = []
+        for _ in range(rounds):
+            out = subprocess.run([sys.executable, __file__, "--child", "pcc-bundle", ckpt], capture_output=True,
+                                 text=True, env=os.environ | _path(here) | {"PCC_BENCH_THREADS": "1"})
+            if out.returncode != 0:
+                raise SystemExit(f"pcc-bundle ({ckpt}) failed:\n{out.stderr[-3000:]}")
+            got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        groups = sorted({g for r in got for g in r["threads"]}, key=lambda g: (g != "main", g))
+        print(f"\n{CHECKPOINTS[ckpt][0]}")
+        print(f"{'seconds':>8}{'start':>7}{'disk':>7}{'CPU s':>7}" + "".join(f"{g:>11}" for g in groups))
+        for r in got:
+            print(f"{r['seconds']:>8.3f}{r['start']:>7.3f}{r['disk']:>7.3f}{r['cpu']:>7.2f}"
+                  + "".join(f"{r['threads'].get(g, 0.0):>11.3f}" for g in groups), flush=True)
+    print("after: " + machine())
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
@@ -666,6 +742,8 @@ def main() -> None:
                     help="rows to leave out (straightforward fp8 takes 25-75 s a round and 6 GB on the MoE)")
     ap.add_argument("--baseline", metavar="DIR", help="also convert with the pcc of another checkout (e.g. a "
                     "`git archive` of main), interleaved with the rest")
+    ap.add_argument("--threads", action="store_true", help="where pcc's time goes instead: --rounds conversions "
+                    "of each bundle, the CPU seconds of each thread, the start-up and the disk's seconds")
     add_busy(ap)
     ap.add_argument("--llmcompressor-python", default=sys.executable,
                     help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
@@ -674,7 +752,10 @@ def main() -> None:
     if size != SIZE:  # the module-level paths follow the environment: run again with it set
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], os.environ | {"PCC_BENCH_SIZE": size})
     with busy(args.busy):
-        compare(args.rounds, args.llmcompressor_python, args.only, args.skip, args.baseline)
+        if args.threads:
+            threads(args.rounds, args.only)
+        else:
+            compare(args.rounds, args.llmcompressor_python, args.only, args.skip, args.baseline)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,16 @@ def test_convert_bench_prints_both_floors_for_both_checkpoints():
             assert rows["the same, BUNDLE (compiled for it)"]
 
 
+def test_convert_bench_shows_where_pccs_time_goes():
+    if not fused.available():
+        pytest.skip("--threads times pcc.convert.fast, which needs llvmlite")
+    out = _run("convert.py", "--tiny", "--threads", "--rounds", "1", "--only", "llama")
+    head, row = out.split("\nLLaMA")[1].splitlines()[1:3]
+    times = dict(zip(head.replace("CPU s", "CPU").split(), map(float, row.split())))
+    assert {"main", "reader", "write_all", "pcc-fast", "pcc-hash", "pcc-disk"} <= set(times)
+    assert 0 < times["start"] < times["seconds"] and times["disk"] > 0 and times["pcc-fast"] > 0
+
+
 def test_model_code_bench_times_both_model_codes():
     pytest.importorskip("transformers")
     from pcc.runtime import hf_model
