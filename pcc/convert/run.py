@@ -80,7 +80,8 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
         doc = bundle_plan(contract, src)
         listed = _items(None, doc, src, {}) if doc is not None else None  # (its items: no input scales)
-        if listed is not None and fast.eligible(src, listed[0], {}) is None:
+        specs = fast.eligible(src, listed[0], {}) if listed is not None else None
+        if specs is None:
             doc = listed = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one
         plan_of = functools.cache(lambda: load_plan(contract, source=src))
         planned = "bundle" if doc is not None else "compiled"
@@ -96,7 +97,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         with destination_lock(dst):
             work = _staging(dst, resume, force)
             with _stopping(dst, work):
-                made, scales = _build(plan_of, doc, listed, src, work, extras, resume, max_shard_bytes,
+                made, scales = _build(plan_of, doc, listed, specs, src, work, extras, resume, max_shard_bytes,
                                       progress, calibrate, calibration_tokens)
                 with writing(work):
                     _install(work, dst)
@@ -119,12 +120,12 @@ def _staging(dst: Path, resume: bool, force: bool) -> Path:
     return work
 
 
-def _build(plan_of, doc: dict, listed: tuple | None, src: Source, work: Path, extras: list[Path], resume: bool,
-           max_shard_bytes: int, progress: bool, calibrate: bool | None, calibration_tokens: str | None
-           ) -> tuple[dict, object]:
+def _build(plan_of, doc: dict, listed: tuple | None, specs: dict | None, src: Source, work: Path,
+           extras: list[Path], resume: bool, max_shard_bytes: int, progress: bool, calibrate: bool | None,
+           calibration_tokens: str | None) -> tuple[dict, object]:
     """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
-    counts, and the input scales (none where a bundle's converter plan runs, `listed` its `_items`: the
-    torch-free path it is taken for writes none)."""
+    counts, and the input scales (none where a bundle's converter plan runs, `listed` its `_items` and `specs`
+    their `fast.eligible`: the torch-free path it is taken for writes none)."""
     try:
         scales = InputScales() if listed else resolve_input_scales(plan_of(), src, calibrate, calibration_tokens)
     except BaseException:
@@ -144,7 +145,8 @@ def _build(plan_of, doc: dict, listed: tuple | None, src: Source, work: Path, ex
     todo = [it for it in items if any(writer.wanted(n) for n in it["emits"] + it["feeds"])]
     in_bytes = sum(_src_bytes(src, it["source"]) for it in todo)
     try:
-        specs = fast.eligible(src, todo, scales.values)
+        if not listed:  # (a bundle's items were found eligible as a whole: `todo` is some of them)
+            specs = fast.eligible(src, todo, scales.values)
         if specs is not None:  # no torch needed (pcc.convert.fast)
             fast.pipeline(plan_of, src, todo, writer, in_bytes, progress, specs)
         else:
