@@ -11,8 +11,10 @@ file fsynced before the clock stops):
 - floor: safetensors `load_file` + `save_file` of every shard, unchanged (plain read + write);
 - straightforward: one shard at a time, the whole-tensor block-FP8 quantizer of bench/quantize.py;
 - pcc: `pcc convert CONTRACT --json` as a user runs it (pcc.cli.main, in the child: its parser, then the
-  conversion) of the contract (fp8_block, embed and lm_head kept BF16), and of its bundle (`pcc compile`d
-  untimed, for this source: its converter plan runs as it is, docs/convert.md "Start-up");
+  conversion) of the contract (fp8_block, embed and lm_head kept BF16) the first time (no converter plan
+  kept in $PCC_CACHE, here the bench's own folder: compiled) and again (the plan the first kept), and of
+  its bundle (`pcc compile`d untimed, for this source: its converter plan runs as it is, docs/convert.md
+  "Start-up");
 - llm-compressor: `model_free_ptq(scheme="FP8_BLOCK", ignore=["lm_head"])` on the CPU, when the python
   given by --llmcompressor-python (default: this one) can import it (`pip install -e .[bench]`); it
   does not fsync, so the bench fsyncs its files and counts that.
@@ -56,6 +58,7 @@ LARGE, TINY = SIZE == "large", SIZE == "tiny"
 if TINY:  # the smoke test's own folder: a bench someone runs meanwhile keeps its outputs
     ROOT = ROOT / "tiny"
 LAYERS = 12 if LARGE else 2 if TINY else 4
+CACHE = ROOT / "cache"  # the children's $PCC_CACHE: compiled kernels, and the converter plans the contract rows keep
 SRC = ROOT / ("tiny-src" if TINY else "src" if LAYERS == 4 else f"src-{LAYERS}-layers")
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
           "intermediate_size": 14336, "num_hidden_layers": LAYERS, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -222,7 +225,7 @@ def generate(src: Path = SRC, config: dict = CONFIG) -> None:
     from pcc.models.builtin import catalog_from_config
 
     ROOT.mkdir(parents=True, exist_ok=True)  # (a fresh machine: nothing under $TMPDIR yet)
-    (ROOT / "bench.prec").write_text(CONTRACT % src)
+    _write_if_changed(ROOT / "bench.prec", CONTRACT % src)
     if (src / "model.safetensors.index.json").is_file():
         return
     shutil.rmtree(src, ignore_errors=True)
@@ -255,6 +258,12 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
+def _write_if_changed(path: Path, text: str) -> None:
+    """A contract rewritten only when it changes: a converter plan kept for it stays good across runs."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
 def _moe_contract(src: Path) -> Path:
     return src.with_name(f"{src.name}.prec")
 
@@ -263,7 +272,7 @@ def generate_moe(src: Path = MOE_SRC) -> None:
     """The Qwen3-MoE source, written by transformers' save_pretrained (once: a marker beside it says it is whole)."""
     done = src.with_name(src.name + ".complete")
     src.parent.mkdir(parents=True, exist_ok=True)
-    _moe_contract(src).write_text(MOE_CONTRACT % src)
+    _write_if_changed(_moe_contract(src), MOE_CONTRACT % src)
     if done.is_file():
         return
     import torch
@@ -421,7 +430,15 @@ def _pcc_cli(source: Path, dst: Path, ckpt: str) -> dict:
 
 
 def pcc_convert(dst: Path, ckpt: str) -> None:
-    _pcc_cli(CHECKPOINTS[ckpt][2], dst, ckpt)
+    """`pcc convert CONTRACT` as the first time: its child emptied the kept converter plans before the clock."""
+    if _pcc_cli(CHECKPOINTS[ckpt][2], dst, ckpt)["plan"] != "compiled":
+        raise SystemExit(f"{CHECKPOINTS[ckpt][2]}: not compiled")
+
+
+def pcc_again(dst: Path, ckpt: str) -> None:
+    """`pcc convert CONTRACT` once more: the converter plan its last conversion compiled and kept."""
+    if _pcc_cli(CHECKPOINTS[ckpt][2], dst, ckpt)["plan"] != "cached":
+        raise SystemExit(f"{CHECKPOINTS[ckpt][2]}: its kept converter plan was not taken")
 
 
 def pcc_bundle(dst: Path, ckpt: str) -> None:
@@ -444,10 +461,10 @@ def llmcompressor(dst: Path, ckpt: str) -> None:
 
 
 METHODS = {"physical": physical, "floor": floor, "straightforward": straightforward, "pcc": pcc_convert,
-           "pcc-bundle": pcc_bundle, "llm-compressor": llmcompressor}
+           "pcc-again": pcc_again, "pcc-bundle": pcc_bundle, "llm-compressor": llmcompressor}
 LABELS = {"physical": "physical floor (read, write out)", "floor": "copy floor (safetensors)",
           "straightforward": "straightforward fp8", "pcc": "pcc convert CONTRACT (fp8_block)",
-          "pcc-bundle": "  the same, BUNDLE (compiled for it)",
+          "pcc-again": "  the same again (its plan kept)", "pcc-bundle": "  the same, BUNDLE (compiled for it)",
           "llm-compressor": "llm-compressor model_free_ptq"}
 
 
@@ -493,6 +510,8 @@ def child(method: str, ckpt: str) -> None:
     for old in (dst, ROOT / f".{dst.name}.partial"):  # a killed earlier run's output or pcc's staging
         shutil.rmtree(old, ignore_errors=True)
     extra = {}
+    if method == "pcc":  # the first conversion by this contract: nothing kept
+        shutil.rmtree(CACHE / "convert-plans", ignore_errors=True)
     if method == "physical":  # how pcc stages its writes, read before the clock (importing pcc is not the floor's)
         from pcc.convert.shards import STAGE_BYTES, STAGE_COUNT
 
@@ -525,6 +544,7 @@ def sizes_child(ckpt: str) -> None:
     _, src, contract, _, _ = CHECKPOINTS[ckpt]
     dst = ROOT / "out-sizes"
     shutil.rmtree(dst, ignore_errors=True)
+    time.sleep(max(0.0, contract.stat().st_mtime + 1.5 - time.time()))  # (a contract just written is not kept)
     convert(str(contract), str(src), str(dst))
     shards = sorted((f.name, f.stat().st_size) for f in dst.glob("*.safetensors"))
     _out_sizes(ckpt).write_text(json.dumps(shards))
@@ -613,7 +633,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
             "floor": (LABELS["floor"], "floor", sys.executable, _path(here)),
             "straightforward": (LABELS["straightforward"], "straightforward", sys.executable, _path(here)),
             "pcc": (LABELS["pcc"] + ("" if fused else ", torch"), "pcc", sys.executable, _path(here))}
-    if fused:  # (without the kernels a bundle's converter plan is not used: the torch path compiles the contract)
+    if fused:  # (without the kernels no converter plan is used as it is: the torch path compiles the contract)
+        rows["pcc-again"] = (LABELS["pcc-again"], "pcc-again", sys.executable, _path(here))
         rows["pcc-bundle"] = (LABELS["pcc-bundle"], "pcc-bundle", sys.executable, _path(here))
         rows["pcc-torch"] = ("  the same, PCC_FUSED=0 (torch)", "pcc", sys.executable,
                              _path(here) | {"PCC_FUSED": "0"})
@@ -751,6 +772,7 @@ def main() -> None:
     size = "large" if args.large else "tiny" if args.tiny else "default"
     if size != SIZE:  # the module-level paths follow the environment: run again with it set
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], os.environ | {"PCC_BENCH_SIZE": size})
+    os.environ["PCC_CACHE"] = str(CACHE)  # every child's: the contract rows empty its converter plans
     with busy(args.busy):
         if args.threads:
             threads(args.rounds, args.only)

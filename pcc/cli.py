@@ -498,7 +498,7 @@ def _stdout_to_stderr():
 def _allow_roots(dirs: list[str]) -> None:
     """`--allow-root DIR`: through the environment, so the processes a verb starts see it too."""
     if dirs:
-        from pcc.contract.io import ROOTS_ENV
+        from pcc.resources import ROOTS_ENV
 
         os.environ[ROOTS_ENV] = os.pathsep.join([os.environ.get(ROOTS_ENV, ""), *map(os.path.abspath, dirs)]).strip(
             os.pathsep)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
+ROOTS_ENV = "PCC_CONTRACT_ROOTS"  # more folders a contract's `extends` may reach, os.pathsep-separated
 
 
 def data_dir(name: str) -> Path:

@@ -5,8 +5,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
+
+# pcc's user cache (compiled kernels, warm starts, converter plans) for the tests, not the user's ~/.cache/pcc
+os.environ.setdefault("PCC_CACHE", str(Path(tempfile.gettempdir()) / "pcc-test-cache"))
 
 ENGINE_FIXTURES = {"engine", "engines", "sglang"}
 

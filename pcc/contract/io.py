@@ -34,11 +34,11 @@ from pcc.lang.build import SourceMap, build
 from pcc.lang.diagnostics import Diagnostic, DiagnosticError, PccError, Reporter, Span, did_you_mean
 from pcc.lang.inputs import DuplicateKey, loads_json
 from pcc.lang.parser import read_source
+from pcc.resources import ROOTS_ENV
 
 SUFFIXES = (".prec", ".yaml", ".yml", ".json")
 MAX_EXTENDS_DEPTH = 32
 MAX_YAML_NODES = 100_000  # nodes after alias expansion: a contract has hundreds; an alias bomb, billions
-ROOTS_ENV = "PCC_CONTRACT_ROOTS"  # more folders `extends` may reach, os.pathsep-separated
 
 
 class _Refused(PccError):

@@ -52,8 +52,9 @@ def cmd_convert(args, rep) -> int:
         rep.say(f"{summary['destination']}: {summary['layout']} rollout checkpoint, {summary['tensors']} tensors in "
                 f"{summary['shards']} shard(s) ({summary['resumed_shards']} resumed), "
                 f"{summary['input_bytes'] / 1e9:.3f} GB read in {summary['seconds']} s"
-                + (" (the bundle's converter plan, compiled for this checkpoint)" if summary["plan"] == "bundle"
-                   else ""))
+                + {"bundle": " (the bundle's converter plan, compiled for this checkpoint)",
+                   "cached": " (the converter plan this contract compiled for this checkpoint before)"}.get(
+                    summary["plan"], ""))
     else:
         rep.say(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")
     return 0

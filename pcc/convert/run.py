@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from pcc.convert import ConvertError, fast
+from pcc.convert import ConvertError, fast, plan_cache
 from pcc.convert.calibration import InputScales, resolve as resolve_input_scales
 from pcc.convert.contract import bundle_plan, load_plan
 from pcc.convert.destination import (
@@ -71,24 +71,26 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     """calibrate: NVFP4 input scales the source lacks are calibrated (True: or refuse), calibrated
     when the model is supported and small enough (None), or left 1.0 and counted (False).
 
-    A bundle's converter plan converts a checkpoint it was compiled for as it is (`bundle_plan`); otherwise the
-    contract is compiled against the source. The Plan itself is compiled only where the conversion needs more
+    A bundle's converter plan converts a checkpoint it was compiled for as it is (`bundle_plan`), as does one
+    compiled from the same contract for the same source before (`plan_cache`); otherwise the contract is
+    compiled against the source. The Plan itself is compiled only where the conversion needs more
     than its converter plan (`plan_of`: a quantized source, input scales, the torch path)."""
     t0 = time.perf_counter()
     with _start_up() as started:
         src = open_source(src_dir)
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
-        doc = bundle_plan(contract, src)
+        doc, planned = bundle_plan(contract, src), "bundle"
+        if doc is None:
+            doc, planned = plan_cache.lookup(contract, src), "cached"
         listed = _items(None, doc, src, {}) if doc is not None else None  # (its items: no input scales)
         specs = fast.eligible(src, listed[0], {}) if listed is not None else None
         if specs is None:
-            doc = listed = None  # the torch path reads the Plan: a bundle's converter plan serves the torch-free one
+            doc = listed = None  # the torch path reads the Plan: a converter plan serves the torch-free one
         plan_of = functools.cache(lambda: load_plan(contract, source=src))
-        planned = "bundle" if doc is not None else "compiled"
         if doc is None:
             from pcc.lower.converter import converter_plan
 
-            doc = converter_plan(plan_of())
+            doc, planned = plan_cache.compiled(contract, src, lambda: converter_plan(plan_of())), "compiled"
         started()
         dst = Path(dst_dir).resolve()
         root = Path(src.root).resolve()
