@@ -53,9 +53,17 @@ _hooked = False
 
 
 def _hook(event: str, args: tuple) -> None:
+    """Never raises: an audit hook's exception would be the audited operation's."""
     reads = _active
     if reads is None or reads.thread != threading.get_ident():
         return
+    try:
+        _see(reads, event, args)
+    except Exception as exc:  # (noqa: BLE001 - whatever it is, the compile is not kept)
+        reads.refused = reads.refused or f"{event}: {exc!r}"
+
+
+def _see(reads: _Reads, event: str, args: tuple) -> None:
     if event == "open":
         path, mode, flags = args
         if not isinstance(path, (str, bytes, os.PathLike)):
@@ -139,8 +147,8 @@ def _distributions() -> list[str]:
 
 
 def _key(contract: str, src) -> tuple[str, list[Path]]:
-    from pcc.resources import ROOTS_ENV
     from pcc.models.checkpoint import fingerprint
+    from pcc.resources import ROOTS_ENV
 
     roots = _code_roots()
     doc = {"v": VERSION, "code": _code_digest(roots), "python": sys.version, "dists": _distributions(),
@@ -191,7 +199,7 @@ def _deps(reads: _Reads, code: list[Path], source: Path, started: float) -> list
     def covered(path: str) -> bool:
         p = Path(path)
         return (any(p.is_relative_to(r) for r in code)
-                or p.parent == source and (p.name == "config.json" or p.suffix == ".safetensors"))
+                or (p.parent == source and (p.name == "config.json" or p.suffix == ".safetensors")))
 
     wanted = [("file", p) for p in sorted(reads.files) if not covered(p)]
     wanted += [("folder", p) for p in sorted(reads.folders) if Path(p) != source and not covered(p)]

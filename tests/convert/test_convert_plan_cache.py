@@ -131,6 +131,8 @@ def test_a_compile_that_writes_or_runs_anything_is_not_kept(tmp_path):
     out, reads = plan_cache._record(lambda: ((tmp_path / "r").read_text(), os.listdir(tmp_path)))
     assert reads.refused is None and reads.files == {str(tmp_path / "r")} and reads.folders == {str(tmp_path)}
     assert out[0] == "x"
+    out, reads = plan_cache._record(lambda: sys.audit("open", "x"))  # an event of another form: not raised
+    assert reads.refused.startswith("open: ValueError")
 
 
 @pytest.mark.parametrize("damage", ["garbage", "other key", "malformed plan", "changed dependency"])
