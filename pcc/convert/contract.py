@@ -83,15 +83,17 @@ def _well_formed(doc) -> bool:
                 and (r["fp8_block"] is None or ints(r["fp8_block"], 2) and 0 not in r["fp8_block"]))
 
     def tensor(e, recipes):
-        return (isinstance(e, dict) and _is(e.get("source"), str) and e.get("recipe") in recipes
+        return (isinstance(e, dict) and _is(e.get("source"), str)
+                and _is(e.get("recipe"), str) and e["recipe"] in recipes
                 and isinstance(e.get("targets"), dict) and e["targets"]
-                and all(isinstance(t, dict) and t.get("dtype") in ST_DTYPES and ints(t.get("shape"))
-                        for t in e["targets"].values())
+                and all(isinstance(t, dict) and _is(t.get("dtype"), str) and t["dtype"] in ST_DTYPES
+                        and ints(t.get("shape")) for t in e["targets"].values())
                 and ("fuse" not in e or isinstance(e["fuse"], dict) and _is(e["fuse"].get("parts"), int))
                 and ("scale_group" not in e or isinstance(e["scale_group"], list)))
 
     if not (isinstance(doc, dict) and all(_is(doc.get(k), str) for k in ("contract", "layout"))
-            and all(doc.get(k) is None or isinstance(doc[k], dict) for k in ("quantization_config", "hf_quant_config"))
+            and all(k in doc and (doc[k] is None or isinstance(doc[k], dict))
+                    for k in ("quantization_config", "hf_quant_config"))
             and "source_fingerprint" in doc
             and (doc["source_fingerprint"] is None or _is(doc["source_fingerprint"], str))
             and isinstance(doc.get("recipes"), dict) and isinstance(doc.get("tensors"), list)

@@ -1,18 +1,19 @@
 """Converter plans that `pcc convert CONTRACT` compiled, kept for the next conversion: an implicit bundle.
 
-Compiling a contract takes 0.2-0.3 s (importing the compiler, lowering every target as `pcc check` does), a
+Compiling a contract takes 0.2-0.45 s (importing the compiler, lowering every target as `pcc check` does), a
 third of converting a 1.4 GB checkpoint on sixteen cores (docs/convert.md "Speed"). Its converter plan is a
-function of pcc's code and data, the files and folders the compile reads, and the source checkpoint's
-fingerprint, so it is kept in `$PCC_CACHE/convert-plans/` (default ~/.cache/pcc) under a key over pcc's
-code, the Python and installed distributions, the contract's path, the working directory, the extends roots
-and the source, with every file and folder the compile read (seen through Python's audit hooks) and their
-digests. It is handed back only while each of them still reads the same: an edited contract, an extended
-file, a model folder or pcc itself changed, and the contract is compiled again. The source's own config.json,
-shards and listing are what its fingerprint covers, as for a bundle's converter plan (`bundle_plan`).
+function of pcc's code and data, the files and folders the compile reads, and the source checkpoint, so it
+is kept in `$PCC_CACHE/convert-plans/` (default ~/.cache/pcc) under a key over pcc's code, the Python and
+installed distributions, the contract and source as given, the working directory, the extends roots and the
+source's fingerprint, with every file and folder the compile read (seen through Python's audit hooks), where
+each one's path leads and its digest. It is handed back only while each of them still leads to the same
+place and reads the same: an edited contract, an extended file, a source's index, a symlink pointed
+elsewhere, or pcc itself changed, and the contract is compiled again.
 
-A compile that wrote a file, ran a process or opened a socket is not kept; nor one that read a file changed
-in the second before it began (a write racing the compile could otherwise leave a plan for the old bytes
-under the new bytes' digest). A cache that cannot be read or written is no error: the contract is compiled."""
+Not kept: a compile that wrote a file, ran a process or opened a socket; one that read a file changed (or
+replaced) in the second before it began, or that ran pcc code changed since this process loaded pcc (what ran
+would not be what is hashed). A cache that cannot be read or written, or an entry that is not exactly what
+was written, is no error: the contract is compiled."""
 
 from __future__ import annotations
 
@@ -28,39 +29,47 @@ from pathlib import Path
 from pcc.convert.contract import _well_formed
 from pcc.lang.inputs import InputError, loads_json, read_bytes
 
-VERSION = 1
+VERSION = 2
 KEEP = 32  # entries kept; the least recently used beyond that are removed
 _MAX_DEP = 64 << 20  # a file the compile read, hashed whole up to this size (a safetensors file: its header)
 _MAX_ENTRY = 256 << 20
 _TOO_NEW_S = 1.0  # a file changed this close to the compile's start is not trusted to be the bytes it read
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _UNCACHEABLE = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                "socket.connect", "socket.bind", "urllib.Request", "os.remove", "os.rename", "os.mkdir")
+                "socket.connect", "socket.bind", "urllib.Request", "os.remove", "os.rename", "os.mkdir",
+                "os.rmdir", "os.truncate", "os.chmod", "os.chown", "os.utime", "os.symlink", "os.link")
+_DECODE = (OSError, ValueError, UnicodeError)  # a path with a NUL byte or an undecodable name reads as no file
 
 
 class _Reads:
-    """What one thread's compile opened and listed, and whether it did anything a cache cannot replay."""
+    """What one thread's compile opened and listed (absolute, as opened), and whether it did anything a cache
+    cannot replay."""
 
     def __init__(self):
-        self.thread = threading.get_ident()
         self.files: set[str] = set()
         self.folders: set[str] = set()
         self.refused: str | None = None
 
 
-_active: _Reads | None = None
+_local = threading.local()  # this thread's _Reads while it compiles: two compiles on two threads keep apart
 _hooked = False
 
 
 def _hook(event: str, args: tuple) -> None:
     """Never raises: an audit hook's exception would be the audited operation's."""
-    reads = _active
-    if reads is None or reads.thread != threading.get_ident():
+    reads = getattr(_local, "reads", None)
+    if reads is None:
         return
     try:
         _see(reads, event, args)
-    except Exception as exc:  # (noqa: BLE001 - whatever it is, the compile is not kept)
+    except Exception as exc:  # whatever it is, the compile is not kept
         reads.refused = reads.refused or f"{event}: {exc!r}"
+
+
+def _absolute(path) -> str:
+    """`path` as the system resolves it from here: joined to the working directory, `..` and links kept."""
+    path = os.fsdecode(path)
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 def _see(reads: _Reads, event: str, args: tuple) -> None:
@@ -68,33 +77,33 @@ def _see(reads: _Reads, event: str, args: tuple) -> None:
         path, mode, flags = args
         if not isinstance(path, (str, bytes, os.PathLike)):
             return  # an open of a descriptor: its path was seen when it was opened
-        path = os.fsdecode(path)
+        path = _absolute(path)
         if path.endswith(".pyc"):
-            return  # the import system's bytecode: the sources are what is hashed
+            return  # the import system's bytecode: the sources are in the code's digest
         if (mode and any(c in mode for c in "wax+")) or (mode is None and flags & _WRITE):
             reads.refused = reads.refused or f"wrote {path}"
         else:
-            reads.files.add(os.path.abspath(path))
+            reads.files.add(path)
     elif event in ("os.listdir", "os.scandir"):
         path = args[0]
-        if isinstance(path, (str, bytes, os.PathLike)):
-            reads.folders.add(os.path.abspath(os.fsdecode(path)))
+        if path is None or isinstance(path, (str, bytes, os.PathLike)):
+            reads.folders.add(_absolute("." if path is None else path))
     elif event.startswith(_UNCACHEABLE):
         reads.refused = reads.refused or event
 
 
 def _record(compute):
-    """compute(), and what it read (a `_Reads`)."""
-    global _active, _hooked
+    """compute(), and what it read on this thread (a `_Reads`)."""
+    global _hooked
     if not _hooked:
         sys.addaudithook(_hook)
         _hooked = True
     reads = _Reads()
-    _active = reads
+    _local.reads = reads
     try:
         return compute(), reads
     finally:
-        _active = None
+        _local.reads = None
 
 
 # -- what the key covers ---------------------------------------------------------------------------------------
@@ -115,23 +124,31 @@ def _code_roots() -> list[Path]:
     return roots
 
 
-def _code_digest(roots: list[Path]) -> str:
-    """SHA-256 of every file under `roots` but bytecode, by path: pcc's code and data as they are now."""
-    h = hashlib.sha256()
+def _code(roots: list[Path]) -> tuple[str, float]:
+    """SHA-256 of every file under `roots` but bytecode, by path (links followed, once each), and when the
+    newest of them last changed: pcc's code and data as they are now."""
+    h, newest, seen = hashlib.sha256(), 0.0, set()
     for root in roots:
-        for folder, dirs, files in os.walk(root):
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
                 if name.endswith((".pyc", ".pyo")):
                     continue
                 path = os.path.join(folder, name)
                 try:
-                    data = Path(path).read_bytes()
-                except OSError:
-                    continue
+                    st = os.stat(path)
+                    data = read_bytes(path, _MAX_ENTRY, "pcc file") if stat.S_ISREG(st.st_mode) else b"?"
+                except (OSError, InputError):
+                    data, st = b"!", None
+                newest = max(newest, st.st_mtime, st.st_ctime) if st else time.time()
                 h.update(f"{os.path.relpath(path, root)}\0{len(data)}\0".encode())
                 h.update(data)
-    return h.hexdigest()
+    return h.hexdigest(), newest
 
 
 def _distributions() -> list[str]:
@@ -146,15 +163,18 @@ def _distributions() -> list[str]:
     return sorted(names)
 
 
-def _key(contract: str, src) -> tuple[str, list[Path]]:
+def _key(contract: str, src) -> tuple[str, float]:
+    """The entry's key, and when pcc's code last changed."""
     from pcc.models.checkpoint import fingerprint
     from pcc.resources import ROOTS_ENV
 
-    roots = _code_roots()
-    doc = {"v": VERSION, "code": _code_digest(roots), "python": sys.version, "dists": _distributions(),
-           "contract": str(Path(contract).resolve()), "cwd": os.getcwd(), "roots": os.environ.get(ROOTS_ENV),
-           "source": str(Path(src.root).resolve()), "fingerprint": fingerprint(src.config, src.entries)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), roots
+    code, newest = _code(_code_roots())
+    roots = os.environ.get(ROOTS_ENV)
+    doc = {"v": VERSION, "code": code, "python": sys.version, "dists": _distributions(),
+           "contract": os.fsdecode(contract), "cwd": os.getcwd(), "roots": roots,
+           "roots_real": [os.path.realpath(p) for p in (roots or "").split(os.pathsep) if p],
+           "source": os.fsdecode(src.root), "fingerprint": fingerprint(src.config, src.entries)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), newest
 
 
 # -- the digests of what a compile read ------------------------------------------------------------------------
@@ -165,11 +185,11 @@ def _file_digest(path: str) -> str | None:
     if not path.endswith(".safetensors"):
         try:
             return hashlib.sha256(read_bytes(path, _MAX_DEP, "file")).hexdigest()
-        except InputError:
+        except (InputError, *_DECODE):
             return None
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    except _DECODE:
         return None
     try:
         st = os.fstat(fd)
@@ -186,34 +206,36 @@ def _file_digest(path: str) -> str | None:
 def _folder_digest(path: str) -> str | None:
     try:
         return hashlib.sha256("\0".join(sorted(os.listdir(path))).encode()).hexdigest()
-    except OSError:
+    except _DECODE:
         return None
 
 
 _DIGEST = {"file": _file_digest, "folder": _folder_digest}
 
 
-def _deps(reads: _Reads, code: list[Path], source: Path, started: float) -> list[list[str]] | None:
-    """[kind, path, digest] of what the compile read, less what the key covers (pcc's code and data, the
-    source's config.json, shards and listing); None when one cannot be trusted."""
-    def covered(path: str) -> bool:
-        p = Path(path)
-        return (any(p.is_relative_to(r) for r in code)
-                or (p.parent == source and (p.name == "config.json" or p.suffix == ".safetensors")))
+def _real(path: str) -> str | None:
+    try:
+        return os.path.realpath(path)
+    except _DECODE:
+        return None
 
-    wanted = [("file", p) for p in sorted(reads.files) if not covered(p)]
-    wanted += [("folder", p) for p in sorted(reads.folders) if Path(p) != source and not covered(p)]
+
+def _deps(reads: _Reads, started: float) -> list[list[str]] | None:
+    """[kind, path as opened, where it leads, digest] of everything the compile read; None when one cannot be
+    trusted (changed or replaced as the compile began, or since)."""
     deps = []
-    for kind, path in wanted:
-        try:
-            if os.stat(path).st_mtime > started - _TOO_NEW_S:
+    for kind, paths in (("file", reads.files), ("folder", reads.folders)):
+        for path in sorted(paths):
+            try:
+                st = os.stat(path)
+            except _DECODE:
+                return None  # read, then gone: nothing to compare with next time
+            if max(st.st_mtime, st.st_ctime) > started - _TOO_NEW_S:
                 return None
-        except OSError:
-            return None  # read, then gone: nothing to compare with next time
-        digest = _DIGEST[kind](path)
-        if digest is None:
-            return None
-        deps.append([kind, path, digest])
+            digest, real = _DIGEST[kind](path), _real(path)
+            if digest is None or real is None:
+                return None
+            deps.append([kind, path, real, digest])
     return deps
 
 
@@ -227,28 +249,35 @@ def _folder() -> Path:
 
 def lookup(contract: str, src) -> dict | None:
     """The converter plan a conversion of `src` (an opened Source) by `contract` compiled before, where
-    every file and folder that compile read still reads the same; else None."""
+    every file and folder that compile read still leads to the same place and reads the same; else None."""
     if src.view.encodings:
         return None
     try:
         key, _ = _key(contract, src)
-        path = _folder() / f"{key}.json"
-        entry = loads_json(read_bytes(path, _MAX_ENTRY, "cached converter plan"))
+        data = read_bytes(_folder() / f"{key}.json", _MAX_ENTRY, "cached converter plan")
+        digest, _, body = data.partition(b"\n")
+        if digest.decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
+            return None  # not what was written
+        entry = loads_json(body)
     except (OSError, RuntimeError, InputError, ValueError):
         return None
     if not (isinstance(entry, dict) and entry.get("v") == VERSION and entry.get("key") == key
             and isinstance(entry.get("deps"), list)):
         return None
     for dep in entry["deps"]:
-        if not (isinstance(dep, list) and len(dep) == 3 and dep[0] in _DIGEST and all(isinstance(x, str) for x in dep)):
+        if not (isinstance(dep, list) and len(dep) == 4 and dep[0] in _DIGEST and all(isinstance(x, str) for x in dep)):
             return None
-        if _DIGEST[dep[0]](dep[1]) != dep[2]:
+        kind, path, real, digest = dep
+        if _real(path) != real or _DIGEST[kind](path) != digest:
             return None
     plan = entry.get("plan")
-    if not _well_formed(plan):
+    try:
+        if not _well_formed(plan):
+            return None
+    except Exception:  # (an entry is checksummed: only a hand-made one gets here)
         return None
     try:
-        os.utime(path)  # most recently used
+        os.utime(_folder() / f"{key}.json")  # most recently used
     except OSError:
         pass
     return plan
@@ -267,15 +296,21 @@ def compiled(contract: str, src, compute) -> dict:
 
 
 def _store(contract: str, src, plan: dict, reads: _Reads, started: float) -> None:
+    from pcc import IMPORTED_AT
     from pcc.lang.outputs import write_atomic
 
-    key, code = _key(contract, src)
-    deps = _deps(reads, code, Path(src.root).resolve(), started)
+    key, newest = _key(contract, src)
+    if newest > IMPORTED_AT - _TOO_NEW_S:
+        return  # pcc changed since this process loaded it: the code that compiled may not be the code hashed
+    deps = _deps(reads, started)
     if deps is None:
         return
     folder = _folder()
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / f"{key}.json", json.dumps({"v": VERSION, "key": key, "deps": deps, "plan": plan}))
+    body = json.dumps({"v": VERSION, "key": key, "deps": deps, "plan": plan})
+    path = folder / f"{key}.json"
+    path.unlink(missing_ok=True)  # (a replaced entry would keep its mode)
+    write_atomic(path, hashlib.sha256(body.encode()).hexdigest() + "\n" + body)
     entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in entries[KEEP:]:
         old.unlink(missing_ok=True)

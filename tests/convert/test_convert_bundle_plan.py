@@ -168,6 +168,9 @@ def test_an_edited_converter_plan_is_refused(compiled, tmp_path, capsys):
     lambda d: d["tensors"][0]["targets"][next(iter(d["tensors"][0]["targets"]))].update(dtype="float128"),
     lambda d: d.update(copied=[{"source": 3}]),
     lambda d: d.pop("layout"),
+    lambda d: d.pop("quantization_config"),
+    lambda d: d["tensors"][0].update(recipe=["a", "list"]),
+    lambda d: d["tensors"][0]["targets"][next(iter(d["tensors"][0]["targets"]))].update(dtype=["bf16"]),
 ])
 def test_a_malformed_converter_plan_matching_its_manifest_is_refused(compiled, tmp_path, capsys, edit):
     """Edited with its manifest entry to match: a coded error (PCC706), never a KeyError, nothing written."""

@@ -4,6 +4,7 @@ the same bytes, while every file and folder the compile read reads the same; any
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -21,23 +22,15 @@ from pcc.convert.source import open_source
 pytestmark = pytest.mark.skipif(os.environ.get("PCC_FUSED") == "0", reason="PCC_FUSED=0 turns the fused kernel off")
 
 
-def _age(*paths: Path) -> None:
-    """Files written a minute ago: the cache keeps no plan read from a file changed as its compile began."""
-    then = time.time() - 60
-    for path in paths:
-        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
-            os.utime(p, (then, then))
-
-
 @pytest.fixture
 def lane(tmp_path, monkeypatch):
-    """A BF16 tiny_moe source and a `model from` contract for it, both a minute old, and a private cache."""
+    """A BF16 tiny_moe source and a `model from` contract for it, and a private cache that keeps what a compile
+    read however recently it changed (a file's ctime cannot be set back; one test waits the second out)."""
     monkeypatch.setenv("PCC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.0)
     src = tmp_path / "src"
     make_source(src, "bf16")
-    contract = _contract(tmp_path, src)
-    _age(src, contract)
-    return src, contract
+    return src, _contract(tmp_path, src)
 
 
 def _convert(contract, src, dst) -> str:
@@ -51,8 +44,9 @@ def test_the_second_conversion_takes_the_kept_plan_with_the_same_bytes(lane, tmp
     assert _convert(contract, src, tmp_path / "b") == "cached"
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "a")
     (entry,) = (tmp_path / "cache" / "convert-plans").glob("*.json")
-    deps = [d[:2] for d in json.loads(entry.read_text())["deps"]]  # the source's config and shards: its fingerprint
-    assert deps == [["file", str(contract)], ["file", str(src / "model.safetensors.index.json")]]
+    deps = {tuple(d[:2]) for d in json.loads(entry.read_text().partition("\n")[2])["deps"]}
+    mine = {d for d in deps if not Path(d[1]).is_relative_to(Path(plan_cache.__file__).parents[2])}  # (pcc's data too)
+    assert mine == {("file", str(contract)), *(("file", str(f)) for f in src.iterdir())}
 
 
 def test_an_edited_contract_compiles_even_with_its_size_and_time(lane, tmp_path):
@@ -72,12 +66,10 @@ def test_an_edited_extended_contract_compiles(lane, tmp_path):
     base.write_text(contract.read_text().replace("linear : fp8_block", "linear : bf16"))
     child = tmp_path / "child.prec"
     child.write_text('contract child extends "base.prec" {\n  rollout sglang {\n    linear : fp8_block\n  }\n}\n')
-    _age(base, child)
     assert _convert(child, src, tmp_path / "a") == "compiled"
     assert _convert(child, src, tmp_path / "b") == "cached"
     base.write_text(base.read_text().replace("keep bf16 : embed, lm_head, norm, router",
                                              "keep bf16 : embed, lm_head, norm, router, attn"))
-    _age(base)
     assert _convert(child, src, tmp_path / "c") == "compiled"
     assert _outputs(tmp_path / "c") != _outputs(tmp_path / "a")  # the parent's edit is in the checkpoint
 
@@ -87,7 +79,6 @@ def test_another_source_or_other_tensors_compile(lane, tmp_path):
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     other = tmp_path / "other"
     make_source(other, "bf16", seed=30)  # the same names and shapes, other bytes, another folder
-    _age(other)
     assert _convert(contract, other, tmp_path / "b") == "compiled"
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "bos_token_id": 7}))
@@ -95,29 +86,107 @@ def test_another_source_or_other_tensors_compile(lane, tmp_path):
 
 
 def test_pccs_own_code_is_in_the_key(tmp_path):
-    """Every file under pcc's package and data folders, bytecode aside."""
+    """Every file under pcc's package and data folders, bytecode aside, links followed."""
     (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
     (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
-    (tmp_path / "data.yaml").write_text("k: 1\n")
-    roots = [tmp_path / "pkg", tmp_path / "data.yaml"]
-    before = plan_cache._code_digest(roots[:1])
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "t.yaml").write_text("k: 1\n")
+    (tmp_path / "pkg" / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "pkg" / "loop").symlink_to(tmp_path / "pkg")
+    roots = [tmp_path / "pkg"]
+    before, _ = plan_cache._code(roots)
     (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
-    assert plan_cache._code_digest(roots[:1]) == before
+    assert plan_cache._code(roots)[0] == before
+    (tmp_path / "elsewhere" / "t.yaml").write_text("k: 2\n")
+    after_data, _ = plan_cache._code(roots)
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
-    assert plan_cache._code_digest(roots[:1]) != before
-    (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "b.py")
-    assert plan_cache._code_digest(roots[:1]) not in {before}
+    after_code, newest = plan_cache._code(roots)
+    assert len({before, after_data, after_code}) == 3 and newest > time.time() - 5
     src_root = Path(plan_cache.__file__).resolve().parents[1]
     assert src_root in plan_cache._code_roots()
     assert any(r.name == "targets" for r in plan_cache._code_roots())
 
 
-def test_a_contract_written_as_the_compile_began_is_not_kept(lane, tmp_path):
+def test_pcc_changed_since_this_process_loaded_it_keeps_nothing(lane, tmp_path, monkeypatch):
+    """What compiled may be the code loaded before the change, and the key the code after it."""
+    import pcc
+
     src, contract = lane
-    os.utime(contract)  # now
+    monkeypatch.setattr(pcc, "IMPORTED_AT", time.time() - 3600)  # as if every file changed after the import
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert not list((tmp_path / "cache" / "convert-plans").glob("*.json"))
+
+
+def test_a_link_pointed_elsewhere_compiles(lane, tmp_path):
+    """The parent, reached through a link to a folder: the same bytes elsewhere are not the same file (an
+    `extends` outside the allowed folders is refused, a `..` after a link leads somewhere else)."""
+    src, contract = lane
+    for name, rule in (("one", "linear : bf16"), ("two", "linear : fp8_block")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "base.prec").write_text(contract.read_text().replace("linear : fp8_block", rule))
+    (tmp_path / "sub").symlink_to(tmp_path / "one")
+    child = tmp_path / "child.prec"
+    child.write_text('contract child extends "sub/base.prec" {\n  trainable all\n}\n')
+    assert _convert(child, src, tmp_path / "a") == "compiled"
+    assert _convert(child, src, tmp_path / "b") == "cached"
+    (tmp_path / "sub").unlink()
+    (tmp_path / "sub").symlink_to(tmp_path / "two")
+    assert _convert(child, src, tmp_path / "c") == "compiled"
+    assert _outputs(tmp_path / "c") != _outputs(tmp_path / "a")
+
+
+def test_the_source_as_given_is_in_the_key(lane, tmp_path, monkeypatch):
+    """The converter plan names the source as the command did, and the job id hashes the plan: another spelling
+    of the same folder compiles, and converts to what compiling it writes."""
+    src, contract = lane
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    monkeypatch.chdir(tmp_path)
+    assert _convert(contract, Path("src"), tmp_path / "b") == "compiled"
+    assert _convert(contract, Path("src"), tmp_path / "c") == "cached"
+    assert _outputs(tmp_path / "c") == _outputs(tmp_path / "b") != _outputs(tmp_path / "a")
+
+
+def test_a_source_index_added_compiles(lane, tmp_path):
+    """A source without an index is listed by its compile: one added later is seen (the fingerprint, config.json
+    and tensors, would not change)."""
+    src, contract = lane
+    index = src / "model.safetensors.index.json"
+    kept = index.read_text()
+    index.unlink()
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert _convert(contract, src, tmp_path / "b") == "cached"
+    index.write_text(kept)
+    assert _convert(contract, src, tmp_path / "c") == "compiled"
+
+
+def test_compiles_on_two_threads_keep_their_own_reads(tmp_path):
+    import threading
+
+    for name in "ab":
+        (tmp_path / name).write_text(name)
+    got = {}
+
+    def read(name):
+        got[name] = plan_cache._record(lambda: [(tmp_path / name).read_text() for _ in range(200)])[1]
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["a"].files == {str(tmp_path / "a")} and got["b"].files == {str(tmp_path / "b")}
+
+
+def test_a_contract_written_as_the_compile_began_is_not_kept(lane, tmp_path, monkeypatch):
+    """Nor one replaced keeping its time (`cp -p`, rsync): its ctime is the replacement's."""
+    src, contract = lane
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 1.0)
+    st = contract.stat()
+    contract.write_text(contract.read_text())
+    os.utime(contract, ns=(st.st_atime_ns, st.st_mtime_ns - 10**11))  # its time 100 s back
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     assert _convert(contract, src, tmp_path / "b") == "compiled"
-    _age(contract)
+    time.sleep(1.1)
     assert _convert(contract, src, tmp_path / "c") == "compiled"
     assert _convert(contract, src, tmp_path / "d") == "cached"
 
@@ -135,20 +204,30 @@ def test_a_compile_that_writes_or_runs_anything_is_not_kept(tmp_path):
     assert reads.refused.startswith("open: ValueError")
 
 
-@pytest.mark.parametrize("damage", ["garbage", "other key", "malformed plan", "changed dependency"])
+@pytest.mark.parametrize("damage", ["garbage", "other key", "malformed plan", "changed dependency",
+                                    "a path no file has", "not its checksum"])
 def test_a_damaged_entry_compiles_again(lane, tmp_path, damage):
     src, contract = lane
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     (entry,) = (tmp_path / "cache" / "convert-plans").glob("*.json")
-    doc = json.loads(entry.read_text())
+    doc = json.loads(entry.read_text().partition("\n")[2])
+
+    def write(d, checksum=True):
+        body = json.dumps(d)
+        entry.write_text((hashlib.sha256(body.encode()).hexdigest() if checksum else "0" * 64) + "\n" + body)
+
     if damage == "garbage":
         entry.write_bytes(b"\x00{not json")
     elif damage == "other key":
-        entry.write_text(json.dumps({**doc, "key": "0" * 64}))
+        write({**doc, "key": "0" * 64})
     elif damage == "malformed plan":
-        entry.write_text(json.dumps({**doc, "plan": {**doc["plan"], "tensors": [{"source": 1}]}}))
-    else:
-        entry.write_text(json.dumps({**doc, "deps": [[k, p, "0" * 64] for k, p, _ in doc["deps"]]}))
+        write({**doc, "plan": {**doc["plan"], "tensors": [{"source": 1, "recipe": ["unhashable"]}]}})
+    elif damage == "changed dependency":
+        write({**doc, "deps": [[k, p, r, "0" * 64] for k, p, r, _ in doc["deps"]]})
+    elif damage == "a path no file has":
+        write({**doc, "deps": [["file", "/no\0where", "/x", "0" * 64]] + doc["deps"]})
+    else:  # a plan edited without its checksum
+        write({**doc, "plan": {**doc["plan"], "layout": "mxfp4"}}, checksum=False)
     assert _convert(contract, src, tmp_path / "b") == "compiled"
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "a")
 
@@ -168,7 +247,6 @@ def test_it_keeps_the_most_recently_used(lane, tmp_path, monkeypatch):
     for k in (1, 2):
         sources.append(tmp_path / f"src{k}")
         make_source(sources[-1], "bf16")
-        _age(sources[-1])
     for k, s in enumerate(sources):
         assert _convert(contract, s, tmp_path / f"first{k}") == "compiled"
         time.sleep(0.01)
