@@ -102,9 +102,11 @@ def test_pccs_own_code_is_in_the_key(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
     after_code, newest = plan_cache._code(roots)
     assert len({before, after_data, after_code}) == 3 and newest > time.time() - 5
-    src_root = Path(plan_cache.__file__).resolve().parents[1]
-    assert src_root in plan_cache._code_roots()
-    assert any(r.name == "targets" for r in plan_cache._code_roots())
+    from pcc.resources import data_dir
+
+    code = plan_cache._code_roots()  # the package, and the data folders beside it (a checkout) or in it (a wheel)
+    assert Path(plan_cache.__file__).resolve().parents[1] in code
+    assert all(any(data_dir(d).resolve().is_relative_to(r) for r in code) for d in ("grammar", "targets"))
 
 
 def test_pcc_changed_since_this_process_loaded_it_keeps_nothing(lane, tmp_path, monkeypatch):
