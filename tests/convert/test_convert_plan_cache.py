@@ -267,6 +267,9 @@ def test_the_cached_lane_imports_neither_the_grammar_nor_the_compiler(lane, tmp_
             "heavy = ('lark', 'pydantic', 'yaml', 'torch', 'numpy', 'pcc.plan', 'pcc.lower', 'pcc.contract')\n"
             "print(json.dumps([json.loads(out.getvalue())['result']['plan'],\n"
             "                  sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith(heavy[-3:]))]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import pcc  # the child imports this pcc (the key hashes its files), not one in the working directory
+
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True,
+                         env=os.environ | {"PYTHONPATH": str(Path(pcc.__file__).parents[1])})
     assert json.loads(out.stdout.splitlines()[-1]) == ["cached", []]
     assert open_source(src).view.encodings == {}
