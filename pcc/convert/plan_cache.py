@@ -152,12 +152,18 @@ def _code(roots: list[Path]) -> tuple[str, float]:
 
 
 def _distributions() -> list[str]:
-    """The installed distributions on sys.path, by their metadata folders' names (name-version)."""
-    names = []
-    for entry in sys.path:
+    """The installed distributions by their metadata folders' names (name-version), in the site folders and
+    $PYTHONPATH: not in sys.path, which a process may extend as it runs (an engine's folder), and a key must
+    not follow it."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages(),
+               *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    names = set()
+    for folder in folders:
         try:
-            with os.scandir(entry or ".") as it:
-                names += [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
+            with os.scandir(folder) as it:
+                names.update(e.name for e in it if e.name.endswith((".dist-info", ".egg-info")))
         except OSError:
             continue
     return sorted(names)

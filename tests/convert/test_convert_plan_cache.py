@@ -109,6 +109,20 @@ def test_pccs_own_code_is_in_the_key(tmp_path):
     assert all(any(data_dir(d).resolve().is_relative_to(r) for r in code) for d in ("grammar", "targets"))
 
 
+def test_the_installed_distributions_are_in_the_key_not_what_the_process_added_to_sys_path(lane, tmp_path,
+                                                                                           monkeypatch):
+    """A test or a verifier that puts an engine's folder on sys.path changes no key; $PYTHONPATH, which a new
+    process reads, does."""
+    src, contract = lane
+    (tmp_path / "engine" / "thing-1.0.dist-info").mkdir(parents=True)
+    opened = open_source(src)
+    before = plan_cache._key(str(contract), opened)[0]
+    monkeypatch.syspath_prepend(str(tmp_path / "engine"))
+    assert plan_cache._key(str(contract), opened)[0] == before
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "engine"))
+    assert plan_cache._key(str(contract), opened)[0] != before
+
+
 def test_pcc_changed_since_this_process_loaded_it_keeps_nothing(lane, tmp_path, monkeypatch):
     """What compiled may be the code loaded before the change, and the key the code after it."""
     import pcc
