@@ -544,7 +544,8 @@ def sizes_child(ckpt: str) -> None:
     _, src, contract, _, _ = CHECKPOINTS[ckpt]
     dst = ROOT / "out-sizes"
     shutil.rmtree(dst, ignore_errors=True)
-    time.sleep(max(0.0, contract.stat().st_mtime + 1.5 - time.time()))  # (a contract just written is not kept)
+    newest = max(p.stat().st_ctime for p in [contract, *src.iterdir()])  # (what a compile read just before is
+    time.sleep(max(0.0, newest + 1.5 - time.time()))                      # not kept: the again row needs it)
     convert(str(contract), str(src), str(dst))
     shards = sorted((f.name, f.stat().st_size) for f in dst.glob("*.safetensors"))
     _out_sizes(ckpt).write_text(json.dumps(shards))

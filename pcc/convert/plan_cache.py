@@ -253,10 +253,18 @@ def _folder() -> Path:
     return cache_dir("convert-plans")
 
 
+def _usable(src) -> bool:
+    """Can a kept plan run as it is: the torch-free path's kernels here, and no quantized source (both read the
+    Plan, `pcc.convert.fast.eligible`)? Else nothing is looked up or kept."""
+    from pcc import fused
+
+    return not src.view.encodings and fused.available()
+
+
 def lookup(contract: str, src) -> dict | None:
     """The converter plan a conversion of `src` (an opened Source) by `contract` compiled before, where
     every file and folder that compile read still leads to the same place and reads the same; else None."""
-    if src.view.encodings:
+    if not _usable(src):
         return None
     try:
         key, _ = _key(contract, src)
@@ -293,7 +301,7 @@ def compiled(contract: str, src, compute) -> dict:
     """compute() (the converter plan, compiled against `src`), kept for `lookup` where it can be."""
     started = time.time()
     plan, reads = _record(compute)
-    if reads.refused is None and not src.view.encodings and plan.get("source_fingerprint") is not None:
+    if reads.refused is None and _usable(src) and plan.get("source_fingerprint") is not None:
         try:
             _store(contract, src, plan, reads, started)
         except (OSError, RuntimeError, ValueError):
@@ -305,7 +313,7 @@ def _store(contract: str, src, plan: dict, reads: _Reads, started: float) -> Non
     from pcc import IMPORTED_AT
     from pcc.lang.outputs import write_atomic
 
-    key, newest = _key(contract, src)
+    key, newest = _key(contract, src)  # (again after the compile: pcc's files may have changed while it ran)
     if newest > IMPORTED_AT - _TOO_NEW_S:
         return  # pcc changed since this process loaded it: the code that compiled may not be the code hashed
     deps = _deps(reads, started)

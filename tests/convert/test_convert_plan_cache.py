@@ -248,6 +248,14 @@ def test_a_damaged_entry_compiles_again(lane, tmp_path, damage):
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "a")
 
 
+def test_without_the_kernels_nothing_is_kept_or_looked_up(lane, tmp_path, monkeypatch):
+    """The torch path reads the Plan: a kept converter plan could not run as it is."""
+    src, contract = lane
+    monkeypatch.setenv("PCC_FUSED", "0")
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert not (tmp_path / "cache" / "convert-plans").exists()
+
+
 def test_a_cache_that_cannot_be_written_is_no_error(lane, tmp_path, monkeypatch):
     src, contract = lane
     (tmp_path / "file").write_text("not a folder")
