@@ -53,7 +53,7 @@ def cmd_convert(args, rep) -> int:
                 f"{summary['shards']} shard(s) ({summary['resumed_shards']} resumed), "
                 f"{summary['input_bytes'] / 1e9:.3f} GB read in {summary['seconds']} s"
                 + {"bundle": " (the bundle's converter plan, compiled for this checkpoint)",
-                   "cached": " (the converter plan this contract compiled for this checkpoint before)"}.get(
+                   "cached": " (the converter plan this contract compiled before for a checkpoint like this one)"}.get(
                     summary["plan"], ""))
     else:
         rep.say(f"{summary['destination']}: PEFT adapter, {summary['modules']} modules, rank {summary['rank']}")

@@ -4,11 +4,16 @@ Compiling a contract takes 0.2-0.45 s (importing the compiler, lowering every ta
 third of converting a 1.4 GB checkpoint on sixteen cores (docs/convert.md "Speed"). Its converter plan is a
 function of pcc's code and data, the files and folders the compile reads, and the source checkpoint, so it
 is kept in `$PCC_CACHE/convert-plans/` (default ~/.cache/pcc) under a key over pcc's code, the Python and
-installed distributions, the contract and source as given, the working directory, the extends roots and the
-source's fingerprint, with every file and folder the compile read (seen through Python's audit hooks), where
-each one's path leads and its digest. It is handed back only while each of them still leads to the same
-place and reads the same: an edited contract, an extended file, a source's index, a symlink pointed
-elsewhere, or pcc itself changed, and the contract is compiled again.
+installed distributions, the contract as given, the working directory, the extends roots and the source's
+fingerprint, with every file and folder the compile read (seen through Python's audit hooks), where each
+one's path leads and its digest. It is handed back only while each of them still leads to the same place and
+reads the same: an edited contract, an extended file, a source's index, a symlink pointed elsewhere, or pcc
+itself changed, and the contract is compiled again.
+
+A checkpoint of the same fingerprint in another folder (the next one a training run saves) takes it too: what
+the compile read inside the source folder is recorded relative to it and must read the same in the new one,
+and the plan's model, the one place a converter plan names its source, is the new folder as given, as a
+compile against it writes it. A plan that names the source anywhere else stays with that folder.
 
 Not kept: a compile that wrote a file, ran a process or opened a socket; one that read a file changed (or
 replaced) in the second before it began, or that ran pcc code changed since this process loaded pcc (what ran
@@ -27,9 +32,10 @@ import time
 from pathlib import Path
 
 from pcc.convert.contract import _well_formed
+from pcc.convert.source import INDEX
 from pcc.lang.inputs import InputError, loads_json, read_bytes
 
-VERSION = 2
+VERSION = 3
 KEEP = 32  # entries kept; the least recently used beyond that are removed
 _MAX_DEP = 64 << 20  # a file the compile read, hashed whole up to this size (a safetensors file: its header)
 _MAX_ENTRY = 256 << 20
@@ -169,8 +175,9 @@ def _distributions() -> list[str]:
     return sorted(names)
 
 
-def _key(contract: str, src) -> tuple[str, float]:
-    """The entry's key, and when pcc's code last changed."""
+def _keys(contract: str, src) -> tuple[str, str, float]:
+    """The entry's keys, for a plan any folder of the source's fingerprint takes and for one that stays with
+    this source folder as given, and when pcc's code last changed."""
     from pcc.models.checkpoint import fingerprint
     from pcc.resources import ROOTS_ENV
 
@@ -179,8 +186,43 @@ def _key(contract: str, src) -> tuple[str, float]:
     doc = {"v": VERSION, "code": code, "python": sys.version, "dists": _distributions(),
            "contract": os.fsdecode(contract), "cwd": os.getcwd(), "roots": roots,
            "roots_real": [os.path.realpath(p) for p in (roots or "").split(os.pathsep) if p],
-           "source": os.fsdecode(src.root), "fingerprint": fingerprint(src.config, src.entries)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest(), newest
+           "fingerprint": fingerprint(src.config, src.entries)}
+    return (*(hashlib.sha256(json.dumps(doc | {"source": source}, sort_keys=True).encode()).hexdigest()
+              for source in (None, os.fsdecode(src.root))), newest)
+
+
+def _under(path: str, root: str | None) -> str | None:
+    if root is None:
+        return None
+    if path == root:
+        return "."
+    base = root.rstrip(os.sep) + os.sep
+    return path[len(base):] if path.startswith(base) else None
+
+
+class _Folder:
+    """The source folder as a compile's paths name it (as given, from the working directory) and where it leads:
+    what the compile read inside it is recorded relative to it."""
+
+    def __init__(self, src):
+        self.path = _absolute(src.root)
+        self.real = _real(self.path)
+
+    def rel(self, path: str) -> str | None:
+        """`path` (as opened) relative to the folder's path, where it lies inside it; else None."""
+        return _under(path, self.path)
+
+    def rel_real(self, real: str) -> str | None:
+        """`real` (where a path leads) relative to where the folder leads, where it lies inside it; else None."""
+        return _under(real, self.real)
+
+    def path_of(self, dep_path: str) -> str:
+        return dep_path if os.path.isabs(dep_path) else os.path.join(self.path, dep_path)
+
+    def real_of(self, dep_real: str) -> str | None:
+        if os.path.isabs(dep_real):
+            return dep_real
+        return None if self.real is None else os.path.normpath(os.path.join(self.real, dep_real))
 
 
 # -- the digests of what a compile read ------------------------------------------------------------------------
@@ -226,9 +268,10 @@ def _real(path: str) -> str | None:
         return None
 
 
-def _deps(reads: _Reads, started: float) -> list[list[str]] | None:
-    """[kind, path as opened, where it leads, digest] of everything the compile read; None when one cannot be
-    trusted (changed or replaced as the compile began, or since)."""
+def _deps(reads: _Reads, started: float, folder: _Folder) -> list[list[str]] | None:
+    """[kind, path as opened, where it leads, digest] of everything the compile read, path and place relative to
+    the source `folder` where they lie inside it; None when one cannot be trusted (changed or replaced as the
+    compile began, or since)."""
     deps = []
     for kind, paths in (("file", reads.files), ("folder", reads.folders)):
         for path in sorted(paths):
@@ -241,8 +284,30 @@ def _deps(reads: _Reads, started: float) -> list[list[str]] | None:
             digest, real = _DIGEST[kind](path), _real(path)
             if digest is None or real is None:
                 return None
-            deps.append([kind, path, real, digest])
+            rel = folder.rel(path)
+            rel_real = folder.rel_real(real) if rel is not None else None
+            deps.append([kind, path if rel is None else rel, real if rel_real is None else rel_real, digest])
     return deps
+
+
+def _relocatable(plan: dict, deps: list[list[str]], src, folder: _Folder) -> bool:
+    """Does the plan hold for any folder of the source's fingerprint: it names the source as its model (as a
+    compile against the source folder as given does) and nowhere else, what the compile read inside the folder
+    is the checkpoint's own (its listing, config.json, index and shards: a contract kept there is read by its own
+    path, whichever folder converts) and read through the folder's own path (a source given as `.` is read as
+    `config.json`)?"""
+    given = os.fsdecode(src.root)
+    if plan.get("model") != given:
+        return False
+    if not all(os.path.isabs(path) or path in (".", "config.json", INDEX) or path.endswith(".safetensors")
+               and os.sep not in path for _, path, _, _ in deps):
+        return False
+    text = json.dumps({**plan, "model": None})
+    for name in {given, folder.path, folder.real} - {None}:
+        quoted = json.dumps(name)[:-1]  # (a JSON string that is the folder, or a path inside it)
+        if quoted + '"' in text or quoted + json.dumps(os.sep)[1:-1] in text:
+            return False
+    return not any(os.path.isabs(real) and folder.rel_real(real) is not None for _, _, real, _ in deps)
 
 
 # -- the cache ----------------------------------------------------------------------------------------------
@@ -262,12 +327,32 @@ def _usable(src) -> bool:
 
 
 def lookup(contract: str, src) -> dict | None:
-    """The converter plan a conversion of `src` (an opened Source) by `contract` compiled before, where
-    every file and folder that compile read still leads to the same place and reads the same; else None."""
+    """The converter plan a conversion of `src` (an opened Source), or of a checkpoint of its fingerprint in
+    another folder, by `contract` compiled before, where every file and folder that compile read still leads
+    to the same place and reads the same; else None."""
     if not _usable(src):
         return None
     try:
-        key, _ = _key(contract, src)
+        keys = _keys(contract, src)[:2]
+    except (OSError, RuntimeError, ValueError):
+        return None
+    folder = _Folder(src)
+    for key, pinned in zip(keys, (False, True)):
+        plan = _entry(key, folder)
+        if plan is None:
+            continue
+        try:
+            os.utime(_folder() / f"{key}.json")  # most recently used
+        except OSError:
+            pass
+        return plan if pinned else {**plan, "model": os.fsdecode(src.root)}  # (as a compile against it names it)
+    return None
+
+
+def _entry(key: str, folder: _Folder) -> dict | None:
+    """The plan kept under `key`, where it is exactly what was written and what its compile read reads the same
+    (inside the source `folder` now); else None."""
+    try:
         data = read_bytes(_folder() / f"{key}.json", _MAX_ENTRY, "cached converter plan")
         digest, _, body = data.partition(b"\n")
         if digest.decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
@@ -282,19 +367,14 @@ def lookup(contract: str, src) -> dict | None:
         if not (isinstance(dep, list) and len(dep) == 4 and dep[0] in _DIGEST and all(isinstance(x, str) for x in dep)):
             return None
         kind, path, real, digest = dep
-        if _real(path) != real or _DIGEST[kind](path) != digest:
+        path = folder.path_of(path)
+        if _real(path) != folder.real_of(real) or _DIGEST[kind](path) != digest:
             return None
     plan = entry.get("plan")
     try:
-        if not _well_formed(plan):
-            return None
+        return plan if _well_formed(plan) else None
     except Exception:  # (an entry is checksummed: only a hand-made one gets here)
         return None
-    try:
-        os.utime(_folder() / f"{key}.json")  # most recently used
-    except OSError:
-        pass
-    return plan
 
 
 def compiled(contract: str, src, compute) -> dict:
@@ -313,18 +393,22 @@ def _store(contract: str, src, plan: dict, reads: _Reads, started: float) -> Non
     from pcc import IMPORTED_AT
     from pcc.lang.outputs import write_atomic
 
-    key, newest = _key(contract, src)  # (again after the compile: pcc's files may have changed while it ran)
+    any_folder, this_folder, newest = _keys(contract, src)  # (again after the compile: pcc's files may have changed)
     if newest > IMPORTED_AT - _TOO_NEW_S:
         return  # pcc changed since this process loaded it: the code that compiled may not be the code hashed
-    deps = _deps(reads, started)
+    folder = _Folder(src)
+    deps = _deps(reads, started, folder)
     if deps is None:
         return
-    folder = _folder()
-    folder.mkdir(parents=True, exist_ok=True)
-    body = json.dumps({"v": VERSION, "key": key, "deps": deps, "plan": plan})
-    path = folder / f"{key}.json"
+    relocatable = _relocatable(plan, deps, src, folder)
+    key = any_folder if relocatable else this_folder
+    kept = {**plan, "model": None} if relocatable else plan  # (the lookup names the folder it is given)
+    body = json.dumps({"v": VERSION, "key": key, "deps": deps, "plan": kept})
+    cache = _folder()
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{key}.json"
     path.unlink(missing_ok=True)  # (a replaced entry would keep its mode)
     write_atomic(path, hashlib.sha256(body.encode()).hexdigest() + "\n" + body)
-    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    entries = sorted(cache.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in entries[KEEP:]:
         old.unlink(missing_ok=True)

@@ -72,7 +72,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     when the model is supported and small enough (None), or left 1.0 and counted (False).
 
     A bundle's converter plan converts a checkpoint it was compiled for as it is (`bundle_plan`), as does one
-    compiled from the same contract for the same source before (`plan_cache`); otherwise the contract is
+    compiled from the same contract for a source of its fingerprint before (`plan_cache`); otherwise the contract is
     compiled against the source. The Plan itself is compiled only where the conversion needs more
     than its converter plan (`plan_of`: a quantized source, input scales, the torch path)."""
     t0 = time.perf_counter()

@@ -46,7 +46,7 @@ def test_the_second_conversion_takes_the_kept_plan_with_the_same_bytes(lane, tmp
     (entry,) = (tmp_path / "cache" / "convert-plans").glob("*.json")
     deps = {tuple(d[:2]) for d in json.loads(entry.read_text().partition("\n")[2])["deps"]}
     mine = {d for d in deps if not Path(d[1]).is_relative_to(Path(plan_cache.__file__).parents[2])}  # (pcc's data too)
-    assert mine == {("file", str(contract)), *(("file", str(f)) for f in src.iterdir())}
+    assert mine == {("file", str(contract)), *(("file", f.name) for f in src.iterdir())}  # (the source's: relative)
 
 
 def test_an_edited_contract_compiles_even_with_its_size_and_time(lane, tmp_path):
@@ -74,13 +74,39 @@ def test_an_edited_extended_contract_compiles(lane, tmp_path):
     assert _outputs(tmp_path / "c") != _outputs(tmp_path / "a")  # the parent's edit is in the checkpoint
 
 
-def test_another_source_or_other_tensors_compile(lane, tmp_path):
+def _compiled_anew(contract, src, dst, monkeypatch) -> None:
+    """What compiling the contract against `src` writes (no kept plan looked up)."""
+    with monkeypatch.context() as m:
+        m.setattr(plan_cache, "lookup", lambda *a: None)
+        assert _convert(contract, src, dst) == "compiled"
+
+
+def test_the_next_checkpoint_of_a_run_takes_the_kept_plan(lane, tmp_path, monkeypatch):
+    """Another folder of the same fingerprint (config.json, names, dtypes, shapes), other weights: the plan kept,
+    with the new folder as its model, so the bytes and records are what compiling against that folder writes."""
+    src, contract = lane
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    other = tmp_path / "iter_2"
+    make_source(other, "bf16", seed=30)
+    _no_compile(monkeypatch)
+    assert _convert(contract, other, tmp_path / "b") == "cached"
+    monkeypatch.undo()
+    monkeypatch.setenv("PCC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.0)
+    _compiled_anew(contract, other, tmp_path / "c", monkeypatch)
+    assert _outputs(tmp_path / "b") == _outputs(tmp_path / "c") != _outputs(tmp_path / "a")
+
+
+def test_a_folder_that_reads_otherwise_or_other_tensors_compile(lane, tmp_path):
+    """The same fingerprint with a config.json written otherwise (what the compile read differs), or another
+    config: compiled."""
     src, contract = lane
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     other = tmp_path / "other"
-    make_source(other, "bf16", seed=30)  # the same names and shapes, other bytes, another folder
+    make_source(other, "bf16", seed=30)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config, indent=7))
     assert _convert(contract, other, tmp_path / "b") == "compiled"
-    config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "bos_token_id": 7}))
     assert _convert(contract, src, tmp_path / "c") == "compiled"
 
@@ -116,11 +142,11 @@ def test_the_installed_distributions_are_in_the_key_not_what_the_process_added_t
     src, contract = lane
     (tmp_path / "engine" / "thing-1.0.dist-info").mkdir(parents=True)
     opened = open_source(src)
-    before = plan_cache._key(str(contract), opened)[0]
+    before = plan_cache._keys(str(contract), opened)[0]
     monkeypatch.syspath_prepend(str(tmp_path / "engine"))
-    assert plan_cache._key(str(contract), opened)[0] == before
+    assert plan_cache._keys(str(contract), opened)[0] == before
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "engine"))
-    assert plan_cache._key(str(contract), opened)[0] != before
+    assert plan_cache._keys(str(contract), opened)[0] != before
 
 
 def test_pcc_changed_since_this_process_loaded_it_keeps_nothing(lane, tmp_path, monkeypatch):
@@ -151,15 +177,86 @@ def test_a_link_pointed_elsewhere_compiles(lane, tmp_path):
     assert _outputs(tmp_path / "c") != _outputs(tmp_path / "a")
 
 
-def test_the_source_as_given_is_in_the_key(lane, tmp_path, monkeypatch):
-    """The converter plan names the source as the command did, and the job id hashes the plan: another spelling
-    of the same folder compiles, and converts to what compiling it writes."""
+def _snapshot(repo: Path, rev: str, files: dict[str, str]) -> Path:
+    """A Hugging Face hub cache snapshot `rev` of `repo`, each file a link to a blob."""
+    snap = repo / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for name, blob in files.items():
+        (snap / name).symlink_to(Path("../../blobs") / blob)
+    return snap
+
+
+def test_a_hub_snapshot_takes_the_plan_of_another_with_the_same_blobs(lane, tmp_path, monkeypatch):
+    """Where a snapshot's files lead (the blobs) is kept as it is: another revision whose files are the same
+    blobs takes the plan, one whose blobs are other files (the same bytes) compiles."""
     src, contract = lane
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    names = {f.name: f"blob{k}" for k, f in enumerate(sorted(src.iterdir()))}
+    for name, blob in names.items():
+        (repo / "blobs" / blob).write_bytes((src / name).read_bytes())
+    one = _snapshot(repo, "one", names)
+    assert _convert(contract, one, tmp_path / "a") == "compiled"
+    assert _convert(contract, _snapshot(repo, "two", names), tmp_path / "b") == "cached"
+    for name, blob in names.items():
+        (repo / "blobs" / f"{blob}-copy").write_bytes((repo / "blobs" / blob).read_bytes())
+    three = _snapshot(repo, "three", {n: f"{b}-copy" for n, b in names.items()})
+    assert _convert(contract, three, tmp_path / "c") == "compiled"
+    _compiled_anew(contract, repo / "snapshots" / "two", tmp_path / "d", monkeypatch)
+    assert _outputs(tmp_path / "b") == _outputs(tmp_path / "d")
+
+
+def test_another_spelling_of_the_source_is_named_as_given(lane, tmp_path, monkeypatch):
+    """The converter plan names the source as the command did, and the job id hashes the plan: the plan kept for
+    one spelling converts another to what compiling it writes."""
+    src, contract = lane
+    monkeypatch.chdir(tmp_path)  # (the working directory is in the key: what a relative path names)
     assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert _convert(contract, Path("src"), tmp_path / "b") == "cached"
+    _compiled_anew(contract, Path("src"), tmp_path / "c", monkeypatch)
+    assert _outputs(tmp_path / "b") == _outputs(tmp_path / "c") != _outputs(tmp_path / "a")
+
+
+def test_a_source_read_by_other_paths_stays_with_its_folder(lane, tmp_path, monkeypatch):
+    """A source given as `.` is read as `config.json`, not `./config.json`: what the compile read inside it is not
+    relative to it, so the plan is kept for that folder as given only."""
+    src, contract = lane
+    monkeypatch.chdir(src)
+    assert _convert(contract, Path("."), tmp_path / "a") == "compiled"
+    assert _convert(contract, Path("."), tmp_path / "b") == "cached"
+    other = tmp_path / "other"
+    make_source(other, "bf16", seed=30)
     monkeypatch.chdir(tmp_path)
-    assert _convert(contract, Path("src"), tmp_path / "b") == "compiled"
-    assert _convert(contract, Path("src"), tmp_path / "c") == "cached"
-    assert _outputs(tmp_path / "c") == _outputs(tmp_path / "b") != _outputs(tmp_path / "a")
+    assert _convert(contract, other, tmp_path / "c") == "compiled"
+
+
+def test_a_plan_naming_its_source_beyond_its_model_stays_with_its_folder(lane):
+    src, _ = lane
+    opened = open_source(src)
+    folder = plan_cache._Folder(opened)
+    plan = {"model": str(src), "tensors": [{"source": "model.embed_tokens.weight"}]}
+    assert plan_cache._relocatable(plan, [["file", "config.json", "config.json", "0"]], opened, folder)
+    for elsewhere in (str(src), f"{src}/config.json"):
+        assert not plan_cache._relocatable({**plan, "note": elsewhere}, [], opened, folder)
+    assert not plan_cache._relocatable({**plan, "model": "src"}, [], opened, folder)
+    assert plan_cache._relocatable({**plan, "note": f"{src}-old"}, [], opened, folder)
+    assert not plan_cache._relocatable(plan, [["file", f"{src}/../src/config.json", f"{src}/config.json", "0"]],
+                                       opened, folder)
+    assert not plan_cache._relocatable(plan, [["file", "c.prec", "c.prec", "0"]], opened, folder)
+
+
+def test_a_contract_kept_in_the_source_folder_stays_with_it(lane, tmp_path):
+    """Another folder's conversion by that contract reads it where it is, not the copy beside the other
+    checkpoint: the plan is kept for the folder it was compiled against only."""
+    src, contract = lane
+    inner = src / "c.prec"
+    inner.write_text(contract.read_text())
+    assert _convert(inner, src, tmp_path / "a") == "compiled"
+    other = tmp_path / "other"
+    make_source(other, "bf16", seed=30)
+    (other / "c.prec").write_text(contract.read_text())
+    assert _convert(inner, other, tmp_path / "b") == "compiled"
+    assert _convert(inner, src, tmp_path / "c") == "cached"
 
 
 def test_a_source_index_added_compiles(lane, tmp_path):
@@ -267,16 +364,16 @@ def test_a_cache_that_cannot_be_written_is_no_error(lane, tmp_path, monkeypatch)
 def test_it_keeps_the_most_recently_used(lane, tmp_path, monkeypatch):
     src, contract = lane
     monkeypatch.setattr(plan_cache, "KEEP", 2)
-    sources = [src]
-    for k in (1, 2):
-        sources.append(tmp_path / f"src{k}")
-        make_source(sources[-1], "bf16")
-    for k, s in enumerate(sources):
-        assert _convert(contract, s, tmp_path / f"first{k}") == "compiled"
+    contracts = []
+    for k in range(3):
+        contracts.append(tmp_path / f"c{k}.prec")
+        contracts[-1].write_text(contract.read_text())
+    for k, c in enumerate(contracts):
+        assert _convert(c, src, tmp_path / f"first{k}") == "compiled"
         time.sleep(0.01)
     assert len(list((tmp_path / "cache" / "convert-plans").glob("*.json"))) == 2
-    assert _convert(contract, sources[0], tmp_path / "again0") == "compiled"  # the oldest went
-    assert _convert(contract, sources[2], tmp_path / "again2") == "cached"
+    assert _convert(contracts[0], src, tmp_path / "again0") == "compiled"  # the oldest went
+    assert _convert(contracts[2], src, tmp_path / "again2") == "cached"
 
 
 def test_the_cached_lane_imports_neither_the_grammar_nor_the_compiler(lane, tmp_path):
