@@ -545,7 +545,7 @@ def sizes_child(ckpt: str) -> None:
     dst = ROOT / "out-sizes"
     shutil.rmtree(dst, ignore_errors=True)
     newest = max(p.stat().st_ctime for p in [contract, *src.iterdir()])  # (what a compile read just before is
-    time.sleep(max(0.0, newest + 1.5 - time.time()))                      # not kept: the again row needs it)
+    time.sleep(max(0.0, newest + 2.1 - time.time()))                      # not kept: the again row needs it)
     convert(str(contract), str(src), str(dst))
     shards = sorted((f.name, f.stat().st_size) for f in dst.glob("*.safetensors"))
     _out_sizes(ckpt).write_text(json.dumps(shards))

@@ -16,7 +16,7 @@ and the plan's model, the one place a converter plan names its source, is the ne
 compile against it writes it. A plan that names the source anywhere else stays with that folder.
 
 Not kept: a compile that wrote a file, ran a process or opened a socket; one that read a file changed (or
-replaced) in the second before it began, or that ran pcc code changed since this process loaded pcc (what ran
+replaced) in the 0.05 s before it began, or that ran pcc code changed since this process loaded pcc (what ran
 would not be what is hashed). A cache that cannot be read or written, or an entry that is not exactly what
 was written, is no error: the contract is compiled."""
 
@@ -39,7 +39,10 @@ VERSION = 3
 KEEP = 32  # entries kept; the least recently used beyond that are removed
 _MAX_DEP = 64 << 20  # a file the compile read, hashed whole up to this size (a safetensors file: its header)
 _MAX_ENTRY = 256 << 20
-_TOO_NEW_S = 1.0  # a file changed this close to the compile's start is not trusted to be the bytes it read
+# A file changed this close to the compile's start is not trusted to be the bytes it read (`_too_new`): the
+# kernel stamps a change with a clock that lags time.time() by up to a tick (4-10 ms), or truncates it to whole
+# seconds on some file systems (FAT's two).
+_TOO_NEW_S, _TOO_NEW_WHOLE_S = 0.05, 2.0
 _WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _UNCACHEABLE = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                 "socket.connect", "socket.bind", "urllib.Request", "os.remove", "os.rename", "os.mkdir",
@@ -130,10 +133,10 @@ def _code_roots() -> list[Path]:
     return roots
 
 
-def _code(roots: list[Path]) -> tuple[str, float]:
+def _code(roots: list[Path]) -> tuple[str, int]:
     """SHA-256 of every file under `roots` but bytecode, by path (links followed, once each), and when the
-    newest of them last changed: pcc's code and data as they are now."""
-    h, newest, seen = hashlib.sha256(), 0.0, set()
+    newest of them last changed (its `_stamp`): pcc's code and data as they are now."""
+    h, newest, seen = hashlib.sha256(), 0, set()
     for root in roots:
         for folder, dirs, files in os.walk(root, followlinks=True):
             real = os.path.realpath(folder)
@@ -151,7 +154,7 @@ def _code(roots: list[Path]) -> tuple[str, float]:
                     data = read_bytes(path, _MAX_ENTRY, "pcc file") if stat.S_ISREG(st.st_mode) else b"?"
                 except (OSError, InputError):
                     data, st = b"!", None
-                newest = max(newest, st.st_mtime, st.st_ctime) if st else time.time()
+                newest = max(newest, _stamp(st)) if st else time.time_ns()
                 h.update(f"{os.path.relpath(path, root)}\0{len(data)}\0".encode())
                 h.update(data)
     return h.hexdigest(), newest
@@ -175,7 +178,7 @@ def _distributions() -> list[str]:
     return sorted(names)
 
 
-def _keys(contract: str, src) -> tuple[str, str, float]:
+def _keys(contract: str, src) -> tuple[str, str, int]:
     """The entry's keys, for a plan any folder of the source's fingerprint takes and for one that stays with
     this source folder as given, and when pcc's code last changed."""
     from pcc.models.checkpoint import fingerprint
@@ -268,6 +271,19 @@ def _real(path: str) -> str | None:
         return None
 
 
+def _stamp(st) -> int:
+    """When the file of stat `st` last changed (its change or modification time, ns), as late as it may have: a
+    time of whole seconds (one a file system truncates, or by chance) taken as up to two seconds later."""
+    newest = max(st.st_mtime_ns, st.st_ctime_ns)
+    return newest if newest % 10**9 else newest + int((_TOO_NEW_WHOLE_S - _TOO_NEW_S) * 1e9)
+
+
+def _too_new(stamp: int, t: float) -> bool:
+    """Could a file of `_stamp` `stamp` have changed at or after time `t`? A checkpoint saved and converted a
+    moment later is kept; one a writer races is not."""
+    return stamp / 1e9 > t - _TOO_NEW_S
+
+
 def _deps(reads: _Reads, started: float, folder: _Folder) -> list[list[str]] | None:
     """[kind, path as opened, where it leads, digest] of everything the compile read, path and place relative to
     the source `folder` where they lie inside it; None when one cannot be trusted (changed or replaced as the
@@ -279,7 +295,7 @@ def _deps(reads: _Reads, started: float, folder: _Folder) -> list[list[str]] | N
                 st = os.stat(path)
             except _DECODE:
                 return None  # read, then gone: nothing to compare with next time
-            if max(st.st_mtime, st.st_ctime) > started - _TOO_NEW_S:
+            if _too_new(_stamp(st), started):
                 return None
             digest, real = _DIGEST[kind](path), _real(path)
             if digest is None or real is None:
@@ -394,7 +410,7 @@ def _store(contract: str, src, plan: dict, reads: _Reads, started: float) -> Non
     from pcc.lang.outputs import write_atomic
 
     any_folder, this_folder, newest = _keys(contract, src)  # (again after the compile: pcc's files may have changed)
-    if newest > IMPORTED_AT - _TOO_NEW_S:
+    if _too_new(newest, IMPORTED_AT):
         return  # pcc changed since this process loaded it: the code that compiled may not be the code hashed
     folder = _Folder(src)
     deps = _deps(reads, started, folder)

@@ -25,9 +25,10 @@ pytestmark = pytest.mark.skipif(os.environ.get("PCC_FUSED") == "0", reason="PCC_
 @pytest.fixture
 def lane(tmp_path, monkeypatch):
     """A BF16 tiny_moe source and a `model from` contract for it, and a private cache that keeps what a compile
-    read however recently it changed (a file's ctime cannot be set back; one test waits the second out)."""
+    read however recently it changed (a file's ctime cannot be set back)."""
     monkeypatch.setenv("PCC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.0)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_WHOLE_S", 0.0)
     src = tmp_path / "src"
     make_source(src, "bf16")
     return src, _contract(tmp_path, src)
@@ -93,6 +94,7 @@ def test_the_next_checkpoint_of_a_run_takes_the_kept_plan(lane, tmp_path, monkey
     monkeypatch.undo()
     monkeypatch.setenv("PCC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.0)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_WHOLE_S", 0.0)
     _compiled_anew(contract, other, tmp_path / "c", monkeypatch)
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "c") != _outputs(tmp_path / "a")
 
@@ -291,17 +293,44 @@ def test_compiles_on_two_threads_keep_their_own_reads(tmp_path):
 
 
 def test_a_contract_written_as_the_compile_began_is_not_kept(lane, tmp_path, monkeypatch):
-    """Nor one replaced keeping its time (`cp -p`, rsync): its ctime is the replacement's."""
+    """Nor one replaced keeping its time (`cp -p`, rsync): its ctime is the replacement's. (The window is made
+    30 s wide, then none, for the time that passes.)"""
     src, contract = lane
-    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 1.0)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 30.0)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_WHOLE_S", 30.0)
     st = contract.stat()
     contract.write_text(contract.read_text())
     os.utime(contract, ns=(st.st_atime_ns, st.st_mtime_ns - 10**11))  # its time 100 s back
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     assert _convert(contract, src, tmp_path / "b") == "compiled"
-    time.sleep(1.1)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.0)
     assert _convert(contract, src, tmp_path / "c") == "compiled"
     assert _convert(contract, src, tmp_path / "d") == "cached"
+
+
+def test_a_checkpoint_converted_a_moment_after_it_was_saved_is_kept(lane, tmp_path, monkeypatch):
+    """A training run converts each checkpoint as soon as it is saved: a tenth of a second later is enough."""
+    _, contract = lane
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_S", 0.05)
+    monkeypatch.setattr(plan_cache, "_TOO_NEW_WHOLE_S", 2.0)
+    saved = tmp_path / "iter_1"
+    make_source(saved, "bf16", seed=30)
+    time.sleep(0.1)
+    assert _convert(contract, saved, tmp_path / "a") == "compiled"
+    assert _convert(contract, saved, tmp_path / "b") == "cached"
+
+
+def test_a_time_of_whole_seconds_may_be_two_seconds_late():
+    """A file system that keeps whole seconds (FAT: two) truncates a change's time: a file stamped a second
+    before the compile may have changed after it began; one with a fraction, 0.05 s before, did not."""
+    from types import SimpleNamespace
+
+    t = 1_000_000.0
+    fine, whole = int((t - 0.06) * 1e9), int(t - 1) * 10**9
+    assert not plan_cache._too_new(plan_cache._stamp(SimpleNamespace(st_mtime_ns=fine - 10**9, st_ctime_ns=fine)), t)
+    assert plan_cache._too_new(plan_cache._stamp(SimpleNamespace(st_mtime_ns=whole, st_ctime_ns=whole)), t)
+    assert not plan_cache._too_new(plan_cache._stamp(SimpleNamespace(st_mtime_ns=whole - 2 * 10**9,
+                                                                     st_ctime_ns=whole - 2 * 10**9)), t)
 
 
 def test_a_compile_that_writes_or_runs_anything_is_not_kept(tmp_path):
