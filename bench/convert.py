@@ -3,6 +3,7 @@ converters a user would pick instead, interleaved, on the machine as it is.
 
     python bench/convert.py [--rounds 3] [--busy [N]] [--large]   # generates the checkpoints once under $TMPDIR
     python bench/convert.py --threads [--rounds 3]  # where pcc's time goes: each thread's CPU, start-up, disk
+    python bench/convert.py --compile [--rounds 3]  # where the first conversion by a contract compiles, by stage
     python bench/convert.py --calibration          # tiny_moe, dense 166M, MoE 494M, dense 886M (~3.1 GB under $TMPDIR)
     python bench/convert.py --memory [--baseline DIR]   # peak RSS with 512 MiB weights, per layout and source
 
@@ -721,6 +722,77 @@ def threads(rounds: int, only: list[str]) -> None:
     print("after: " + machine())
 
 
+def compile_child(ckpt: str) -> None:
+    """The compile `pcc convert CONTRACT` runs the first time (pcc.convert.contract.load_plan, then the converter
+    plan), stage by stage in this fresh process, as JSON: each stage's ms."""
+    stages, t = {}, time.perf_counter()
+
+    def mark(stage: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        stages[stage], t = (now - t) * 1e3, now
+
+    from pcc.convert.source import open_source
+
+    src = open_source(CHECKPOINTS[ckpt][1])
+    mark("open the source (headers; the kept plan's too)")
+    import lark  # noqa: F401
+    import pydantic  # noqa: F401
+    import yaml  # noqa: F401
+
+    mark("import pydantic, lark, PyYAML")
+    import pcc.contract.model  # noqa: F401
+
+    mark("import the contract's models")
+    from pcc.lang.diagnostics import Reporter
+    from pcc.lower import lower, targets_for
+    from pcc.lower.converter import converter_plan
+    from pcc.plan import resolve, run_checks
+
+    mark("import the compiler")
+    from pcc.contract.io import load
+    from pcc.models import catalog_from_checkpoint
+
+    catalog = catalog_from_checkpoint(src.root)
+    mark("the catalog from the checkpoint's headers")
+    loaded = load(str(CHECKPOINTS[ckpt][2]))
+    mark("parse the contract")
+    rep = Reporter(list(loaded.diagnostics))
+    plan = resolve(loaded.contract, catalog, loaded.smap, rep)
+    run_checks(plan, loaded.smap, rep)
+    mark("resolve and check")
+    for name in targets_for(plan):
+        lower(plan, name)
+    mark("lower every target the contract names")
+    converter_plan(plan)
+    mark("the converter plan")
+    print(json.dumps(stages))
+
+
+def compile_stages(rounds: int, only: list[str]) -> None:
+    """`--compile`: where the first conversion by a contract spends what the kept plan does not, each round a
+    fresh process (imports are paid once per process): each stage's best and median ms."""
+    here = str(Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(here) / "pcc")], check=True)
+    print(machine())
+    for ckpt in only:
+        subprocess.run([sys.executable, __file__, "--generate", ckpt], check=True)
+        got = []
+        for _ in range(rounds):
+            out = subprocess.run([sys.executable, __file__, "--compile-child", ckpt], capture_output=True, text=True,
+                                 env=os.environ | _path(here))
+            if out.returncode != 0:
+                raise SystemExit(f"--compile-child {ckpt} failed:\n{out.stderr[-3000:]}")
+            got.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        tensors = sum(_tensor_count(f) for f in CHECKPOINTS[ckpt][1].glob("*.safetensors"))
+        print(f"\n{CHECKPOINTS[ckpt][0]}, {tensors:,} tensors: the compile, ms "
+              f"(best and median of {rounds} processes)")
+        for stage in [*got[0], "total"]:
+            values = [sum(r.values()) if stage == "total" else r[stage] for r in got]
+            print(f"  {stage:<50}{min(values):>8.0f}{statistics.median(values):>8.0f}")
+    print("after: " + machine())
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
@@ -730,6 +802,9 @@ def main() -> None:
         return
     if len(sys.argv) == 3 and sys.argv[1] == "--sizes":
         sizes_child(sys.argv[2])
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--compile-child":
+        compile_child(sys.argv[2])
         return
     if len(sys.argv) == 3 and sys.argv[1] == "--generate-calibration":
         generate(*calibration_source(sys.argv[2]))
@@ -766,6 +841,8 @@ def main() -> None:
                     "`git archive` of main), interleaved with the rest")
     ap.add_argument("--threads", action="store_true", help="where pcc's time goes instead: --rounds conversions "
                     "of each bundle, the CPU seconds of each thread, the start-up and the disk's seconds")
+    ap.add_argument("--compile", action="store_true", help="where the first conversion by a contract spends what "
+                    "the kept plan does not: the compile's stages, --rounds fresh processes")
     add_busy(ap)
     ap.add_argument("--llmcompressor-python", default=sys.executable,
                     help="the python that runs llm-compressor (a separate environment, if it needs other packages)")
@@ -777,6 +854,8 @@ def main() -> None:
     with busy(args.busy):
         if args.threads:
             threads(args.rounds, args.only)
+        elif args.compile:
+            compile_stages(args.rounds, args.only)
         else:
             compare(args.rounds, args.llmcompressor_python, args.only, args.skip, args.baseline)
 

@@ -89,6 +89,13 @@ def test_convert_bench_shows_where_pccs_time_goes():
     assert 0 < times["start"] < times["seconds"] and times["disk"] > 0 and times["pcc-fast"] > 0
 
 
+def test_convert_bench_shows_where_the_first_conversion_compiles():
+    out = _run("convert.py", "--tiny", "--compile", "--rounds", "1", "--only", "moe")
+    rows = {line[:52].strip(): float(line[52:].split()[0]) for line in out.splitlines() if line.startswith("  ")}
+    assert {"import pydantic, lark, PyYAML", "lower every target the contract names", "total"} <= set(rows)
+    assert rows["total"] == pytest.approx(sum(v for k, v in rows.items() if k != "total"), abs=len(rows))
+
+
 def test_model_code_bench_times_both_model_codes():
     pytest.importorskip("transformers")
     from pcc.runtime import hf_model
