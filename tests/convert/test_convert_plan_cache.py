@@ -16,7 +16,7 @@ import pytest
 from test_convert_bundle_plan import _contract, _no_compile, _outputs
 from test_convert_bytes import make_source
 
-from pcc.convert import plan_cache, run
+from pcc.convert import ConvertError, plan_cache, run
 from pcc.convert.source import open_source
 
 pytestmark = pytest.mark.skipif(os.environ.get("PCC_FUSED") == "0", reason="PCC_FUSED=0 turns the fused kernel off")
@@ -206,6 +206,26 @@ def test_a_hub_snapshot_takes_the_plan_of_another_with_the_same_blobs(lane, tmp_
     assert _convert(contract, three, tmp_path / "c") == "compiled"
     _compiled_anew(contract, repo / "snapshots" / "two", tmp_path / "d", monkeypatch)
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "d")
+
+
+def test_a_plain_folder_linking_to_a_snapshots_blob_does_not_take_its_plan(lane, tmp_path, monkeypatch):
+    """A hub snapshot may link its config.json into the model's blobs/, a plain folder may not (a compile refuses
+    it, PCC211): the plan kept for the snapshot is not taken where the link is one a compile refuses. (Found by
+    a review; open_source reads config.json without that check.)"""
+    src, contract = lane
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "cfg").write_bytes((src / "config.json").read_bytes())
+    for name in ("one", "plain"):
+        folder = repo / "snapshots" / name if name == "one" else tmp_path / name
+        folder.mkdir(parents=True)
+        for f in src.iterdir():
+            if f.name != "config.json":
+                (folder / f.name).write_bytes(f.read_bytes())
+        (folder / "config.json").symlink_to(repo / "blobs" / "cfg")
+    assert _convert(contract, repo / "snapshots" / "one", tmp_path / "a") == "compiled"
+    with pytest.raises(ConvertError, match="outside the checkpoint directory"):
+        _convert(contract, tmp_path / "plain", tmp_path / "b")
 
 
 def test_another_spelling_of_the_source_is_named_as_given(lane, tmp_path, monkeypatch):
