@@ -299,9 +299,9 @@ def open_source(root: str | Path) -> Source:
         raise ConvertError(f"{root}: not a checkpoint directory")
     if not (root / "config.json").exists():
         raise ConvertError(f"{root}: missing config.json")
-    config = _json_object(root / "config.json", "model config")
+    config = _json_object(inside(root, "config.json", "model config"), "model config")
     if (root / INDEX).exists():
-        weight_map = _json_object(root / INDEX, "checkpoint index").get("weight_map")
+        weight_map = _json_object(inside(root, INDEX, "checkpoint index"), "checkpoint index").get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ConvertError(f"{root / INDEX}: weight_map must map each tensor name to a shard file name")
         files = sorted(set(weight_map.values()))

@@ -238,6 +238,21 @@ def test_side_files_linked_from_outside_are_refused(moe, tmp_path, capsys):
     assert not out.is_symlink() and out.read_text() == '{"model_max_length": 128}'
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_a_config_or_index_linked_from_outside_is_refused_by_a_bundle_too(moe, tmp_path, capsys, name):
+    """A bundle's converter plan runs without compiling (which refuses the link, PCC211): the source is checked
+    as it is opened. (Found by a review of the kept converter plans.)"""
+    src, contract = moe
+    assert main(["compile", str(contract), "-o", str(tmp_path / "bundle")]) == 0
+    capsys.readouterr()
+    elsewhere = tmp_path / f"elsewhere-{name}"
+    os.replace(src / name, elsewhere)
+    (src / name).symlink_to(elsewhere)
+    code, diags = _convert(capsys, src, tmp_path / "bundle", tmp_path / "dst")
+    assert code == 1 and diags[0]["code"] == "PCC714" and "outside the checkpoint directory" in diags[0]["message"]
+    assert not (tmp_path / "dst").exists()
+
+
 def test_index_naming_a_shard_outside_is_refused(moe, tmp_path, capsys):
     src, contract = moe
     other = tmp_path / "other"
