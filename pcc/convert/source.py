@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pcc.convert import ConvertError
 from pcc.lang.inputs import InputError, read_json
-from pcc.models.base import READS, CatalogError
+from pcc.models.base import READS, CatalogError, may_lead_to
 from pcc.models.checkpoint import MAX_JSON, read_safetensors_header
 
 INDEX = "model.safetensors.index.json"
@@ -328,15 +328,13 @@ def open_source(root: str | Path) -> Source:
 
 def inside(root: Path, name: str, what: str) -> Path:
     """`root/name`, refused (PCC714) unless it is a plain name in the directory whose target, if it is a
-    link, lies inside the directory or, for a Hugging Face hub cache snapshot, in that model's `blobs/`."""
+    link, lies inside the directory or, for a Hugging Face hub cache snapshot, in that model's `blobs/`
+    (`pcc.models.base.may_lead_to`, the compile's rule)."""
     if not name or "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
         raise ConvertError(f"{root}: {what} {name!r} is not a file name in the checkpoint directory", code="PCC714")
     path = root / name
-    real, base = path.resolve(), root.resolve()
-    allowed = [base]
-    if base.parent.name == "snapshots":
-        allowed.append(base.parent.parent / "blobs")
-    if not any(real.is_relative_to(a) for a in allowed):
+    real = path.resolve()
+    if not any(real.is_relative_to(a) for a in may_lead_to(root)):
         raise ConvertError(f"{path}: the {what} links to {real}, outside the checkpoint directory; copy the file "
                            "in or remove the link", code="PCC714")
     return path

@@ -122,16 +122,22 @@ def config_dtype(config: dict) -> str:
     return _TORCH_DTYPES.get(name, name)
 
 
+def may_lead_to(root: Path) -> list[Path]:
+    """Where the files of checkpoint directory `root` may lead: the directory itself, and for a Hugging Face hub
+    cache snapshot (`models--ORG--NAME/snapshots/REV/`), which links its files into that model's own `blobs/`,
+    that folder too."""
+    base = root.resolve()
+    if base.parent.name == "snapshots" and base.parent.parent.name.startswith("models--"):
+        return [base, base.parent.parent / "blobs"]
+    return [base]
+
+
 def inside(root: Path, name: str) -> Path:
     """root / name, refused (PCC211) when it resolves outside the checkpoint directory (a symbolic link
-    out of it). A Hugging Face hub cache snapshot (`models--ORG--NAME/snapshots/REV/`) links its files into
-    that model's own `blobs/`, which is allowed."""
+    out of it) and a hub cache snapshot's `blobs/` (`may_lead_to`)."""
     path = root / name
-    real, base = path.resolve(), root.resolve()
-    allowed = [base]
-    if base.parent.name == "snapshots" and base.parent.parent.name.startswith("models--"):
-        allowed.append(base.parent.parent / "blobs")
-    if not any(real.is_relative_to(a) for a in allowed):
+    real = path.resolve()
+    if not any(real.is_relative_to(a) for a in may_lead_to(root)):
         link = f"a symbolic link to {real}" if path.is_symlink() else f"resolves to {real}"
         raise CatalogError(f"{path}: {link}, outside the checkpoint directory {root}; pcc reads nothing "
                            f"outside it (copy the file in)", code="PCC211")
