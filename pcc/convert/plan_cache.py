@@ -195,6 +195,7 @@ def _keys(contract: str, src) -> tuple[str, str, int]:
 
 
 def _under(path: str, root: str | None) -> str | None:
+    """`path` relative to folder `root` (`.` for the folder itself) where it lies inside it, by its spelling."""
     if root is None:
         return None
     if path == root:
@@ -221,9 +222,11 @@ class _Folder:
         return _under(real, self.real)
 
     def path_of(self, dep_path: str) -> str:
+        """A recorded path as this folder has it (one recorded relative to the folder the compile read)."""
         return dep_path if os.path.isabs(dep_path) else os.path.join(self.path, dep_path)
 
     def real_of(self, dep_real: str) -> str | None:
+        """Where a recorded place is for this folder (one recorded relative to where the compile's folder led)."""
         if os.path.isabs(dep_real):
             return dep_real
         return None if self.real is None else os.path.normpath(os.path.join(self.real, dep_real))
