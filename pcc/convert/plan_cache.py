@@ -209,7 +209,6 @@ class _Folder:
     what the compile read inside it is recorded relative to it."""
 
     def __init__(self, src):
-        self.root = Path(src.root)
         self.path = _absolute(src.root)
         self.real = _real(self.path)
 
@@ -230,18 +229,6 @@ class _Folder:
         if os.path.isabs(dep_real):
             return dep_real
         return None if self.real is None else os.path.normpath(os.path.join(self.real, dep_real))
-
-    def may_lead_out(self, rel: str) -> bool:
-        """May this folder's `rel` lead outside it, as a compile allows (pcc.models.base.inside: into a hub cache
-        snapshot's `blobs/` only)? A plan kept for a snapshot whose config.json is a blob is not one a plain
-        folder linking to that blob may take: compiling against it is refused."""
-        from pcc.models.base import CatalogError, inside
-
-        try:
-            inside(self.root, rel)
-        except (CatalogError, OSError, ValueError):
-            return False
-        return True
 
 
 # -- the digests of what a compile read ------------------------------------------------------------------------
@@ -401,9 +388,7 @@ def _entry(key: str, folder: _Folder) -> dict | None:
         kind, rel, real, digest = dep
         path = folder.path_of(rel)
         if _real(path) != folder.real_of(real) or _DIGEST[kind](path) != digest:
-            return None
-        if not os.path.isabs(rel) and os.path.isabs(real) and not folder.may_lead_out(rel):
-            return None
+            return None  # (where the folder's own files may lead, open_source checked: pcc.models.base.may_lead_to)
     plan = entry.get("plan")
     try:
         return plan if _well_formed(plan) else None

@@ -210,8 +210,8 @@ def test_a_hub_snapshot_takes_the_plan_of_another_with_the_same_blobs(lane, tmp_
 
 def test_a_plain_folder_linking_to_a_snapshots_blob_does_not_take_its_plan(lane, tmp_path, monkeypatch):
     """A hub snapshot may link its config.json into the model's blobs/, a plain folder may not (a compile refuses
-    it, PCC211): the plan kept for the snapshot is not taken where the link is one a compile refuses. (Found by
-    a review; open_source reads config.json without that check.)"""
+    it, PCC211): the plan kept for the snapshot is not taken there, the folder is refused as it is opened
+    (PCC714, the same rule). (Found by a review: open_source read config.json without that check.)"""
     src, contract = lane
     repo = tmp_path / "hub" / "models--org--tiny"
     (repo / "blobs").mkdir(parents=True)
