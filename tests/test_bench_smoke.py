@@ -79,6 +79,16 @@ def test_convert_bench_prints_both_floors_for_both_checkpoints():
             assert rows["the same, BUNDLE (compiled for it)"]
 
 
+def test_convert_benchs_again_row_takes_its_plan_whatever_ran_between():
+    """On odd rounds the order is reversed: the torch row, a first conversion too, runs between the first and
+    the again rows, and must not empty the plans the again row takes (the bench stops where it is not taken)."""
+    if not fused.available():
+        pytest.skip("no converter plan is kept without the kernels")
+    out = _run("convert.py", "--tiny", "--rounds", "2", "--only", "llama", "--skip", "straightforward",
+               "llm-compressor")
+    assert "  the same again (its plan kept)" in out and "  the same, PCC_FUSED=0 (torch)" in out
+
+
 def test_convert_bench_shows_where_pccs_time_goes():
     if not fused.available():
         pytest.skip("--threads times pcc.convert.fast, which needs llvmlite")
