@@ -748,7 +748,7 @@ def compile_child(ckpt: str) -> None:
     import yaml  # noqa: F401
 
     mark("import pydantic, lark, PyYAML")
-    import pcc.contract.model  # noqa: F401
+    import pcc.contract.model
 
     mark("import the contract's models")
     import importlib
