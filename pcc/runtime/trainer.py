@@ -94,7 +94,9 @@ class Trainer:
             t.grad = None
         loss.backward()
         grads = {k: (t.grad if t.grad is not None else torch.zeros_like(t)) for k, t in self.trained.items()}
-        norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
+        # fsum: the correctly rounded sum, whatever the order the parameters come in (a run resumed from its
+        # checkpoint holds them in another order than the run it continues, and must clip and log the same)
+        norm = math.sqrt(math.fsum(float(g.pow(2).sum()) for g in grads.values()))
         scale = min(1.0, clip / (norm + 1e-12))
         self.steps += 1
         b1, b2, eps = 0.9, 0.999, 1e-8
