@@ -664,7 +664,8 @@ def compare(rounds: int, llmc_python: str, only: list[str], skip: list[str], bas
     for ckpt in only:
         label, src, _, _, _ = CHECKPOINTS[ckpt]
         subprocess.run([sys.executable, __file__, "--generate", ckpt], check=True)
-        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True)
+        # (with the rows' pcc: the plan it keeps is the again row's, under a key over pcc's code)
+        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True, env=os.environ | _path(here))
         files = sorted(src.glob("*.safetensors"))
         size = sum(f.stat().st_size for f in files)
         tensors = sum(_tensor_count(f) for f in files)
@@ -710,7 +711,7 @@ def threads(rounds: int, only: list[str]) -> None:
           "caller's; pcc-fast: the chunk workers together)")
     for ckpt in only:
         subprocess.run([sys.executable, __file__, "--generate", ckpt], check=True)
-        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True)
+        subprocess.run([sys.executable, __file__, "--sizes", ckpt], check=True, env=os.environ | _path(here))
         got = []
         for _ in range(rounds):
             out = subprocess.run([sys.executable, __file__, "--child", "pcc-bundle", ckpt], capture_output=True,
