@@ -154,6 +154,35 @@ def _int8_through_kernel(module, rows: int = 1024) -> torch.Tensor | None:
     return torch.round(out / s).clamp(-128, 127) * s
 
 
+def _int8_unpacked(module, packed: torch.Tensor, pack=None, block: int = 32) -> torch.Tensor | None:
+    """A W8A8 INT8 linear's weight, dequantized (codes x per-channel scale, in FP32), from the packed codes its
+    kernel reads. On a CPU with AMX, vLLM's CPU build runs the SGL int8 GEMM instead of oneDNN and keeps
+    `weight` as torch.ops._C.convert_weight_packed made it (model_executor/kernels/linear/scaled_mm/cpu.py
+    process_weights_for_sgl, when layers/utils.py check_cpu_sgl_kernel holds): [N, K + 4], each block of 32
+    output channels the codes as [K/4, 32, 4] then 32 int32 compensations (csrc/cpu/sgl-kernels/gemm.cpp
+    pack_vnni<int8_t>). That kernel takes only BF16 input, whose output rounds a code by up to 0.47 on the
+    identity, so the layout is undone instead; packing the codes again must give the very bytes the kernel
+    holds, else None (a layout this does not know). `pack`: vLLM's op unless given."""
+    k = getattr(module, "input_size_per_partition", None)
+    scale = getattr(module, "weight_scale", None)
+    if pack is None:
+        try:
+            pack = torch.ops._C.convert_weight_packed
+        except (AttributeError, RuntimeError):
+            return None
+    if not isinstance(k, int) or not isinstance(scale, torch.Tensor) or packed.dim() != 2 or k % 4:
+        return None
+    n = packed.shape[0]
+    if packed.shape[1] != k + 4 or n % block or scale.numel() != n:
+        return None
+    blocks = packed.detach().reshape(n // block, block * (k + 4))[:, :block * k]
+    codes = blocks.reshape(n // block, k // 4, block, 4).permute(0, 2, 1, 3).reshape(n, k).contiguous()
+    with torch.inference_mode():
+        if not torch.equal(pack(codes), packed):
+            return None
+    return codes.float() * scale.detach().float().reshape(n, 1)
+
+
 def _module(model, module_name: str) -> tuple[str, tuple[str, int] | None]:
     """The vLLM module holding checkpoint module `module_name`, and (packed name, index) where the model packs
     it (its packed_modules_mapping: q/k/v -> qkv_proj, gate/up -> gate_up_proj), else None."""
@@ -204,6 +233,10 @@ class PccWorkerExtension:
         if param == "weight" and (values is None or values.numel() == 0):
             # the CPU build keeps it only inside its GEMM's packed handle
             values = _int8_through_kernel(module) if values is None else _through_kernel(module)
+        elif param == "weight" and values.dtype == torch.int8 and hasattr(module, "weight_scale"):
+            values = _int8_unpacked(module, values)  # the SGL kernel's packed codes (an AMX CPU)
+            if values is None:
+                return {"missing": f"{target} holds its int8 {param} in a packing pcc does not know"}
         if not isinstance(values, torch.Tensor):
             return {"missing": f"{target} has no tensor {param}"}
         if where is None:

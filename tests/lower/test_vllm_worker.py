@@ -111,3 +111,34 @@ def test_int8_codes_are_recovered_exactly_from_a_kernel_within_a_few_ulps():
     layer.quant_method = Method()
     got = W._int8_through_kernel(layer, rows=16)
     assert torch.equal(got, codes.float() * scale)
+
+
+def _sgl_pack(codes: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """torch.ops._C.convert_weight_packed on int8 (vLLM's csrc/cpu/sgl-kernels/gemm.cpp pack_vnni<int8_t>), which
+    vLLM's CPU build does not put where these tests run: per block of 32 channels, the codes as [K/4, 32, 4], then
+    each channel's s8s8 compensation 128 x sum(codes) as int32 (checked byte for byte against vLLM's op on an AMX
+    CPU)."""
+    n, k = codes.shape
+    vnni = codes.reshape(n // block, block, k // 4, 4).permute(0, 2, 1, 3).reshape(n // block, block * k)
+    comp = (codes.to(torch.int32) * 128).reshape(n // block, block, k).sum(-1, dtype=torch.int32)
+    return torch.cat([vnni, comp.contiguous().view(torch.int8)], 1).reshape(n, k + 4)
+
+
+def test_int8_codes_packed_for_the_amx_kernel_are_read_back_exactly_and_only_as_held():
+    """A W8A8 layer as vLLM's CPU build leaves it on an AMX CPU (`weight` the SGL kernel's packed codes): read back
+    as codes x scale exactly; codes that differ from the checkpoint's read back as they are held, so the readback
+    still sees them; a packing that its codes do not reproduce (a damaged compensation) is not read at all."""
+    g = torch.Generator().manual_seed(2)
+    codes = torch.randint(-128, 128, (64, 40), generator=g).to(torch.int8)
+    scale = torch.rand(64, 1, generator=g) * 0.01 + 1e-3
+    layer = torch.nn.Module()
+    layer.input_size_per_partition, layer.weight_scale = 40, scale
+    assert torch.equal(W._int8_unpacked(layer, _sgl_pack(codes), _sgl_pack), codes.float() * scale)
+    other = codes.clone()
+    other[37, 5] += 1
+    got = W._int8_unpacked(layer, _sgl_pack(other), _sgl_pack)
+    assert torch.equal(got, other.float() * scale) and not torch.equal(got, codes.float() * scale)
+    damaged = _sgl_pack(codes)
+    damaged.reshape(2, -1)[0, -1] ^= 1  # the first block's last compensation byte, not a code
+    assert W._int8_unpacked(layer, damaged, _sgl_pack) is None
+    assert W._int8_unpacked(layer, codes, _sgl_pack) is None  # unpacked [N, K]: not this layout
