@@ -202,10 +202,12 @@ def test_an_expert_gemm_is_the_hand_worked_block_fp8_matmul(variant):
 @pytest.mark.slow  # two warm starts from an empty cache
 @pytest.mark.parametrize("contract,model,cls,gap", [
     # unified FP8: trainer and rollout run the same emulated block-FP8 GEMMs, through the same model code, but
-    # the rollout decodes a token at a time from its KV cache and the trainer scores whole sequences, and CPU
-    # kernels may sum in another order for another length: the rollout's own prefill of the same tokens gives
-    # the trainer's log-probs bit for bit, its decode is 7.7e-5 apart at version 1 (p99 4e-3) with ATen's AVX-512
-    # kernels on one machine, 8.8e-9 with its AVX2 ones, and 0 at version 0 on both
+    # the rollout decodes a token at a time from its KV cache and the trainer scores whole sequences: a decode
+    # step's attention is a softmax and P.V over t+1 keys, the prefill's over T keys with the rest masked, and
+    # those sum in another order (of 40 random rows, ATen's softmax differs on 3 with its AVX-512 kernels, 1 with
+    # AVX2; P.V on 33). The rollout's own prefill of the same tokens gives the trainer's log-probs bit for bit;
+    # its decode is 7.7e-5 apart at version 1 (p99 4e-3) with AVX-512 on one machine, 8.8e-9 with AVX2, and 0
+    # at version 0 on both
     ("unified_fp8", "tiny_moe", "Qwen3MoeForCausalLM", (0.0, 1e-3)),
     # an FP8 rollout (and FP8 KV cache in the MLA latent) against a BF16 trainer: a gap (0.03 here), and a small one
     ("glm52_fp8_rollout", "tiny_shared_moe", "DeepseekV3ForCausalLM", (1e-3, 0.1))])
