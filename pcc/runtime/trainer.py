@@ -94,8 +94,8 @@ class Trainer:
             t.grad = None
         loss.backward()
         grads = {k: (t.grad if t.grad is not None else torch.zeros_like(t)) for k, t in self.trained.items()}
-        # fsum: the correctly rounded sum, whatever the order the parameters come in (a run resumed from its
-        # checkpoint holds them in another order than the run it continues, and must clip and log the same)
+        # fsum: the correctly rounded sum, whatever the order the parameters come in (two runs that must clip and
+        # log the same norm may hold them in two orders: a cached warm start's file sorted them once)
         norm = math.sqrt(math.fsum(float(g.pow(2).sum()) for g in grads.values()))
         scale = min(1.0, clip / (norm + 1e-12))
         self.steps += 1

@@ -247,8 +247,8 @@ def _load(path: Path, key: str, arch: Arch) -> tuple[dict, dict] | None:
             problem = "its tensors are not the architecture's"
         elif digest(tensors) != meta.get("sha256"):
             problem = "its tensors do not match the SHA-256 it was written with"
-        else:
-            return tensors, json.loads(meta.get("record", "{}"))
+        else:  # in the architecture's order, as training returns them: a cached warm start is the trained one
+            return {k: tensors[k] for k in arch.tensors()}, json.loads(meta.get("record", "{}"))
     except Exception as exc:  # noqa: BLE001 - a damaged file raises whatever the parser meets first
         problem = f"unreadable ({type(exc).__name__}: {exc})"
     warnings.warn(f"warm-start cache {path} is not usable ({problem}); rebuilding it", CacheWarning, stacklevel=3)
