@@ -1,24 +1,23 @@
 """The converter without torch: where every work item is a tensor written as stored or a BF16/float32 weight
 quantized to block FP8 with float32 scales, and pcc.fused's kernels compile (llvmlite, a dependency),
-`pcc convert` streams the checkpoint with those kernels through plain buffers (mappings) and never imports torch,
-nor numpy.
+`pcc convert` streams the checkpoint with those kernels and never imports torch, nor numpy.
 
 Importing torch takes 1.0-1.2 CPU-seconds on this machine, before anything else can run: about a third of
 block-FP8 conversions of the bench's 1-2 GB checkpoints (docs/convert.md "Speed"); numpy 0.14. The bytes are those of
 `pcc.convert.run._pipeline` (tests/convert/test_convert_bytes.py pins them for both paths): the same pieces
 (PIECE_BYTES, whole 128-row scale blocks), the kernel of `pcc.numerics.quantize`'s fused branch, the same
-writer. Its threads: a reader maps the large source pieces (`Source.map_bytes`) and reads the small ones into a
-reused ring (`Source.read_bytes`, `_Ring`), the caller's thread checks copied pieces for NaN/inf and hands each
-quantized piece's block rows to the chunk workers (one per core, kept on it, as `pcc.numerics.quantize`'s), so
-small tensors (a MoE's experts) are quantized side by side; the writer waits for each batch's workers in order,
-then writes. An error is the torch path's, word for
-word: a NaN/inf a kernel finds is reported by running that piece through the torch path.
+writer. The caller's thread reserves each piece's output in the writer's staging ring (`ShardWriter.reserve`,
+in write order) and hands its reads and kernels to the chunk workers (one per core, kept on it, as
+`pcc.numerics.quantize`'s), which read the source straight into the ring (a piece written as stored, then checked
+for NaN/inf) or into a small buffer of their own that the kernel then quantizes into the ring, while it is still
+in the core's cache; a writer thread waits for each batch's jobs in order and commits its spans. So each source
+byte is read once and each output byte written once before the disk takes it (docs/convert.md "Speed"). An
+error is the torch path's, word for word: a NaN/inf a kernel finds is reported by running that piece through
+the torch path.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import math
 import mmap
 import os
@@ -33,10 +32,9 @@ from pcc.convert.shards import ST_BYTES, buffer_address
 _CHECKED = {"BF16": (16, 0x7F80), "F16": (16, 0x7C00), "F32": (32, 0x7F800000)}
 _UNCHECKED = ("U8", "I8", "I16", "I32", "I64", "BOOL")  # not floats: nothing to check (as `all_finite`)
 _ELEMENT = {"BF16": "bf16", "F32": "f32"}  # weights the block-FP8 kernel reads
-_CHUNK = 1 << 20  # elements per kernel call on a worker: pcc.numerics.quantize's chunk
-_MAP_MIN = 4 << 20  # source pieces this large are mapped, smaller ones read into a ring of _SMALL_RING bytes
-_SMALL_RING = 32 << 20
-_BATCH_BYTES = 4 << 20  # small pieces read into the ring and handed on together, up to this many bytes
+_JOB_BYTES = 2 << 20  # source bytes per chunk-worker job (a MoE's small tensors go several to a job)
+_READ_BYTES = 1 << 20  # source bytes a worker reads, then quantizes, at once: they stay in its core's cache
+_BATCH_BYTES = 4 << 20  # small pieces handed on together, up to this many source bytes
 _DONE = object()
 
 
@@ -105,54 +103,6 @@ def _workers() -> ThreadPoolExecutor:
                               initializer=pin)
 
 
-class _Ring:
-    """Pieces allocated first in, first out from one reused mapping of `size` bytes: the reader takes each small
-    source piece's buffer (the caller's thread each piece's codes, from a second ring) in the order the writer,
-    done with it, gives it back, so a piece waits only for bytes, not for a count of pieces. A MoE's hundreds of
-    small experts stream without the four-piece hand-offs a count allows (the torch path's `_Slots`), and nothing
-    is mapped, zeroed or unmapped per piece (docs/convert.md "Speed"). Once past `soft` bytes a piece starts the
-    ring again where it can, so small pieces keep to its first pages: every page first touched costs a fault (0.6
-    ms per MiB here). A piece larger than the ring, or empty, gets a buffer of its own."""
-
-    def __init__(self, size: int, soft: int, stop: threading.Event):
-        self._map = mmap.mmap(-1, size)  # (zero pages until first written: no memset)
-        self._view = memoryview(self._map)
-        self._size, self._soft = size, soft
-        self._live: collections.deque = collections.deque()  # (start, end) of each piece held, oldest first
-        self._cond = threading.Condition()
-        self._stop = stop
-
-    def _place(self, nbytes: int) -> int | None:
-        """Where `nbytes` fit now, or None."""
-        if not self._live:
-            return 0
-        tail, start, head = self._live[0][0], self._live[-1][0], self._live[-1][1]
-        if start < tail:  # the held bytes wrapped: free between the newest piece and the oldest
-            return head if head + nbytes <= tail else None
-        if nbytes <= tail and (head >= self._soft or head + nbytes > self._size):
-            return 0
-        return head if head + nbytes <= self._size else None
-
-    def take(self, nbytes: int) -> memoryview | None:
-        """`nbytes` of the ring, waiting for the writer to give back enough; None once the pipeline stops."""
-        with self._cond:
-            if nbytes > self._size or not nbytes:
-                self._live.append(self._live[-1] if self._live else (0, 0))
-                return memoryview(bytearray(nbytes))
-            while (at := self._place(nbytes)) is None:
-                if self._stop.is_set():
-                    return None
-                self._cond.wait(0.1)
-            self._live.append((at, at + nbytes))
-        return self._view[at:at + nbytes]
-
-    def give(self) -> None:
-        """The oldest piece's bytes back."""
-        with self._cond:
-            self._live.popleft()
-            self._cond.notify()
-
-
 def _pieces(todo: list[dict], src, specs: dict, piece_bytes: int):
     """(work item, first element or row, byte offset in its tensor, bytes, last piece of it) of every source
     piece in write order: a tensor written as stored in pieces of at most `piece_bytes`, a quantized one in
@@ -176,177 +126,160 @@ def _pieces(todo: list[dict], src, specs: dict, piece_bytes: int):
             yield it, r0, r0 * row_bytes, n * row_bytes, r0 + n >= nrows
 
 
+def _batches(todo: list[dict], src, specs: dict, piece_bytes: int):
+    """`_pieces` in write order, consecutive small ones together up to _BATCH_BYTES of source (one hand-off to the
+    writer for a few of a MoE's experts), a larger one alone (what a batch reserves of the writer's ring at once
+    stays under STAGE_COUNT - 2 slots: its spans wait for no bytes of their own batch)."""
+    batch, nbytes = [], 0
+    for piece in _pieces(todo, src, specs, piece_bytes):
+        if batch and nbytes + piece[3] > _BATCH_BYTES:
+            yield batch
+            batch, nbytes = [], 0
+        batch.append(piece)
+        nbytes += piece[3]
+    if batch:
+        yield batch
+
+
 def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bool, specs: dict) -> None:
     """Stream `todo` into `writer` (pcc.convert.run._pipeline's contract, for what `eligible` accepted); the Plan
-    (`plan_of()`) is compiled only to report a NaN or inf through the torch path.
-
-    What moves between the threads is a batch of pieces: one large piece (mapped), or consecutive small ones read
-    into the ring together (at most _BATCH_BYTES), so a MoE's experts cost one hand-off per few of them (the
-    bench's MoE: 1,749 pieces in 341 batches; docs/convert.md "Speed")."""
-    from pcc import fused
+    (`plan_of()`) is compiled only to report a NaN or inf through the torch path."""
     from pcc.convert import run
 
-    loaded: queue.Queue = queue.Queue()  # (bounded by the rings' bytes and the slots)
-    out: queue.Queue = queue.Queue()
+    out: queue.Queue = queue.Queue()  # (bounded by the writer's ring: `reserve` waits for its bytes)
     errors: list[BaseException] = []
     stop = threading.Event()
-    slots = run._Slots(run._IN_FLIGHT, stop)  # large source pieces, mapped
-    ring = _Ring(_SMALL_RING, _SMALL_RING // 4, stop)  # small ones, read
-    codes_ring = _Ring(run._IN_FLIGHT * run.PIECE_BYTES // 2, run.PIECE_BYTES // 2, stop)  # every piece's codes
     pool = _workers()
+    local = threading.local()  # each worker's read buffer
 
-    put = functools.partial(run.put_until, stop)
+    def job(calls: list[tuple]) -> int:
+        """A job's reads and kernels on a chunk worker: -1, or the index in its batch of the first piece found
+        holding NaN or inf. Each call holds the buffers it writes into (the ring's views, a bounce buffer, a
+        tensor's scales), so they outlive a kernel still writing them after an error dropped the batch."""
+        from pcc import fused
 
-    def read_batch(batch: list, nbytes: int) -> bool:
-        """Small pieces read into the ring together (mapping a small piece costs a system call and its page
-        tables' teardown; reading needs memory first touched, 0.6 ms per MiB here: the ring keeps to a few);
-        False once the pipeline stops."""
-        buf = ring.take(nbytes)
-        if buf is None:
-            return False
-        parts, at = [], 0
-        for it, first, offset, count, final in batch:
-            parts.append((it, first, src.read_bytes(it["source"], offset, buf[at:at + count]), final))
-            at += count
-        put(loaded, (parts, ring.give))
-        return True
+        for call in calls:
+            if call[0] == "copy":
+                _, k, name, offset, view, check = call
+                src.read_bytes(name, offset, view)
+                if check is not None and view.nbytes and fused.magnitude_max(
+                        check[0], buffer_address(view), view.nbytes * 8 // check[0]) >= check[1]:
+                    return k
+                continue
+            _, k, name, offset, nbytes, element, codes, scales, rows, cols, r, c, blocks, _ = call
+            buf = getattr(local, "buf", None)
+            if buf is None or len(buf) < nbytes:
+                buf = local.buf = mmap.mmap(-1, max(nbytes, _READ_BYTES))
+            with memoryview(buf) as whole, whole[:nbytes] as into:
+                src.read_bytes(name, offset, into)
+            if fused.fp8_fp32_blocks(element, buffer_address(buf), codes, scales, rows, cols, r, c, 0, blocks) >= 0:
+                return k
+        return -1
 
-    def reader():
-        try:
-            batch, nbytes = [], 0
-            for piece in _pieces(todo, src, specs, run.PIECE_BYTES):
-                it, first, offset, count, final = piece
-                if count < _MAP_MIN:
-                    if batch and nbytes + count > _BATCH_BYTES:
-                        if not read_batch(batch, nbytes):
-                            return
-                        batch, nbytes = [], 0
-                    batch.append(piece)
-                    nbytes += count
+    def plan_batch(batch: list) -> tuple | None:
+        """Reserve the batch's output and make its jobs; None once the pipeline stops."""
+        spans, calls, views = [], [], {}  # views: each piece's bytes (a copied piece's) or codes, by index
+        for k, (it, first, offset, count, final) in enumerate(batch):
+            name = it["source"]
+            dtype = src.entries[name]["dtype"]
+            if it["copy"]:
+                if not writer.wanted(name):
                     continue
-                if batch and not read_batch(batch, nbytes):
-                    return
-                batch, nbytes = [], 0
-                if not slots.take():
-                    return
-                put(loaded, ([(it, first, src.map_bytes(it["source"], offset, count), final)], slots.give))
-            if batch:
-                read_batch(batch, nbytes)
-        except BaseException as err:  # handed to the caller's thread
-            errors.append(err)
-            stop.set()
-        finally:
-            put(loaded, _DONE)
+                span = writer.reserve(name, count, final, stop)
+                if span is None:
+                    return None
+                spans.append((span, None))
+                views[k] = span.view
+                step = 4 * _READ_BYTES
+                for at in range(0, count, step):
+                    n = min(step, count - at)
+                    calls.append((n, ("copy", k, name, offset + at, span.view[at:at + n], _CHECKED.get(dtype))))
+                continue
+            r, c, codes_name, scales_name, nrows, cols = specs[name]
+            size = ST_BYTES[dtype]
+            n, nbr, nbc = count // (size * cols), -(-nrows // r), -(-cols // c)
+            if first == 0:
+                scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc], filled piece by piece
+            scales = scales_of.pop(name) if final else scales_of[name]
+            if writer.wanted(codes_name):
+                span = writer.reserve(codes_name, n * cols, final, stop)
+                if span is None:
+                    return None
+                spans.append((span, None))
+                codes = span.view
+            else:  # (its shard is done: the scales still need the kernel)
+                codes = memoryview(bytearray(n * cols))
+            views[k] = codes
+            if final and writer.wanted(scales_name):
+                span = writer.reserve(scales_name, len(scales), True, stop)
+                if span is None:
+                    return None
+                spans.append((span, scales))
+            blocks, step = -(-n // r), max(1, _READ_BYTES // (r * cols * size))
+            at_codes, at_scales = buffer_address(codes), buffer_address(scales) + first // r * nbc * 4
+            for b in range(0, blocks, step):
+                e = min(b + step, blocks)
+                rows = min(e * r, n) - b * r
+                calls.append((rows * cols * size, ("q", k, name, offset + b * r * cols * size, rows * cols * size,
+                                                   _ELEMENT[dtype], at_codes + b * r * cols, at_scales + b * nbc * 4,
+                                                   rows, cols, r, c, e - b, (codes, scales))))
+        return spans, [pool.submit(job, calls) for calls in _jobs(calls)], views
 
-    bar = run._bar(in_bytes, progress)
-    scales_of: dict[str, object] = {}  # a weight quantized in row pieces: its whole scales, filled piece by piece
+    scales_of: dict[str, bytearray] = {}  # a weight quantized in row pieces: its whole scales
 
     def write_all():
         try:
-            while True:
-                item = out.get()
-                if item is _DONE:
-                    return
-                parts, release, jobs, work, codes = item
+            while (item := out.get()) is not _DONE:
+                batch, spans, jobs, views = item
                 wait(jobs)
                 bad = [j.result() for j in jobs if j.result() >= 0]
                 if bad:
-                    it, first, data, _ = parts[min(bad)]
-                    raise _torch_error(plan_of(), src, it, first, data)
-                for (it, _, data, final), w in zip(parts, work):
+                    it, first, offset, count, _ = batch[min(bad)]
                     name = it["source"]
-                    if w is None:  # a piece written as stored
-                        if writer.wanted(name):
-                            writer.write(name, data, final)
-                        continue
-                    _, _, codes_name, scales_name, _, _ = specs[name]
-                    if writer.wanted(codes_name):
-                        writer.write(codes_name, w[0], final)
-                    if final and writer.wanted(scales_name):
-                        writer.write(scales_name, w[1], True)
-                if codes is not None:
-                    codes_ring.give()
-                del parts, data, item, work, w, codes  # (a mapped piece is unmapped once nothing views it)
-                release()
+                    if it["copy"]:
+                        raise _nonfinite(src, name, first, views[min(bad)], _CHECKED[src.entries[name]["dtype"]])
+                    data = src.read_bytes(name, offset, memoryview(bytearray(count)))
+                    raise _torch_error(plan_of(), src, it, first, data)
+                for span, data in spans:
+                    writer.commit(span, data)
+                del item, spans, views
         except BaseException as err:
             errors.append(err)
             stop.set()
             while out.get() is not _DONE:  # drain so the producer never blocks
                 pass
 
-    threads = [threading.Thread(target=reader, daemon=True), threading.Thread(target=write_all, daemon=True)]
-    for t in threads:
-        t.start()
+    bar = run._bar(in_bytes, progress)
+    thread = threading.Thread(target=write_all, daemon=True)
+    thread.start()
     try:
-        while not stop.is_set():
-            try:
-                got = loaded.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if got is _DONE:
+        for batch in _batches(todo, src, specs, run.PIECE_BYTES):
+            if stop.is_set():
                 break
-            parts, release = got
-            sizes = [0 if it["copy"] else data.nbytes // ST_BYTES[src.entries[it["source"]]["dtype"]]
-                     for it, _, data, _ in parts]  # each quantized piece's codes: a byte per element
-            codes = codes_ring.take(sum(sizes)) if any(sizes) else None
-            if any(sizes) and codes is None:
+            planned = plan_batch(batch)
+            if planned is None:
                 break
-            work, calls, at = [], [], 0
-            for k, ((it, first, data, final), size) in enumerate(zip(parts, sizes)):
-                name = it["source"]
-                if it["copy"]:  # checked finite, then written
-                    check = _CHECKED.get(src.entries[name]["dtype"])
-                    if check is not None and data.nbytes and fused.magnitude_max(
-                            check[0], buffer_address(data), data.nbytes * 8 // check[0]) >= check[1]:
-                        raise _nonfinite(src, name, first, data, check)
-                    work.append(None)
-                    continue
-                r, c, _, _, nrows, cols = specs[name]
-                n, nbr, nbc = size // cols, -(-nrows // r), -(-cols // c)
-                if first == 0:
-                    scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc]
-                scales = scales_of.pop(name) if final else scales_of[name]
-                mine, at = codes[at:at + size], at + size
-                work.append((mine, scales))
-                blocks, step = -(-n // r), max(1, _CHUNK // (r * cols))
-                element, scale_at = _ELEMENT[src.entries[name]["dtype"]], first // r * nbc * 4
-                for b in range(0, blocks, step):
-                    e = min(b + step, blocks)
-                    calls.append(((e - b) * r * cols, (k, element, data, mine, scales, scale_at, n, cols, r, c, b, e)))
-            put(out, (parts, release, [pool.submit(_quantize, job) for job in _jobs(calls)], work, codes))
+            out.put((batch, *planned))
+            writer.hand_off()
             if bar is not None:
-                bar.update(sum(p[2].nbytes for p in parts))
+                bar.update(sum(p[3] for p in batch))
     except BaseException as err:
         errors.append(err)
         stop.set()
     finally:
-        run.wind_down(errors, stop, out, _DONE, threads, bar, lambda: pool.shutdown(wait=True, cancel_futures=True))
+        run.wind_down(errors, stop, out, _DONE, [thread], bar, lambda: pool.shutdown(wait=True, cancel_futures=True))
 
 
 def _jobs(calls: list[tuple[int, tuple]]) -> list[list[tuple]]:
-    """Kernel calls, each (elements, its arguments), grouped into chunk-worker jobs of about _CHUNK elements (a
-    large piece's calls are that size already; a batch's small tensors go several to a job)."""
-    jobs, size = [], _CHUNK
-    for elements, call in calls:
-        if size >= _CHUNK:
+    """Calls, each (source bytes, the call), grouped into chunk-worker jobs of about _JOB_BYTES."""
+    jobs, size = [], _JOB_BYTES
+    for nbytes, call in calls:
+        if size >= _JOB_BYTES:
             jobs.append([])
             size = 0
         jobs[-1].append(call)
-        size += elements
+        size += nbytes
     return jobs
-
-
-def _quantize(calls: list[tuple]) -> int:
-    """A job's kernel calls on a chunk worker, each block rows [first, stop) of a piece: -1, or the index in its
-    batch of the first piece a kernel found NaN or inf in. The job holds the views, so the rings' mappings outlive
-    a kernel still reading one after an error dropped the batch from the queues."""
-    from pcc import fused
-
-    for k, element, data, codes, scales, at, n, cols, r, c, first, stop in calls:
-        if fused.fp8_fp32_blocks(element, buffer_address(data), buffer_address(codes), buffer_address(scales) + at,
-                                 n, cols, r, c, first, stop) >= 0:
-            return k
-    return -1
 
 
 def _nonfinite(src, name: str, first: int, data, check) -> ConvertError:

@@ -6,13 +6,14 @@ place, the output is the same bytes on every run, and `--resume` can trust a sha
 completion record's digest matches the file.
 
 Shards are digested with BLAKE3 (`SHARD_HASH`): a cryptographic hash like SHA-256, but 4-5x faster
-on one core (5.0 against 1.1 GB/s here, docs/convert.md "Speed"); a shard written with O_DIRECT is hashed on
-a thread of its own, each staging buffer while the disk thread writes it. A record written with SHA-256
+on one core (5.0 against 1.1 GB/s here, docs/convert.md "Speed"), on a thread of its own, each slot of the
+staging ring while the disk thread writes it (`ShardWriter`). A record written with SHA-256
 (before) still verifies with SHA-256.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import errno
@@ -21,6 +22,7 @@ import json
 import math
 import mmap
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,10 +116,10 @@ def complete(root: Path, shard: Shard, job: str) -> bool:
 # Bytes written between two background flushes of a shard written through the page cache.
 FLUSH_BYTES = 64 << 20
 _DATASYNC = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-STAGE_BYTES = 16 << 20  # one direct write
-STAGE_COUNT = 3  # staging buffers per shard: one filled, one written, one hashed (or waiting)
+STAGE_BYTES = 16 << 20  # one write: a slot of the staging ring
+STAGE_COUNT = 5  # slots in the ring (what a batch of the fast pipeline reserves at once fits in STAGE_COUNT - 2)
 # O_DIRECT wants offsets, lengths and buffer addresses aligned to the device's logical block size;
-# 4096 is a multiple of every size in use, and the staging buffers (mmap) are page-aligned.
+# 4096 is a multiple of every size in use, and the staging ring (mmap) is page-aligned.
 _ALIGN = 4096
 
 
@@ -134,20 +136,17 @@ def _open_direct(path: Path) -> int | None:
         raise
 
 
-def _digest(digest, buf, filled: int) -> None:
-    """A staging buffer's first `filled` bytes into the shard's digest (on the hash thread, in order)."""
-    with memoryview(buf) as whole, whole[:filled] as data:
-        digest.update(data)
+def _digest(digest, data) -> None:
+    """A slot's bytes into its shard's digest (on the hash thread, in order)."""
+    digest.update(data)
 
 
-def _write_all(fd: int, buf, length: int) -> None:
-    """The views are released when a write fails too: one left in the error's traceback would keep the staging
-    buffer from closing, and its BufferError would stand in for the disk's error."""
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    """`data` at `offset` of the file (on the disk thread)."""
     done = 0
-    with memoryview(buf) as whole:
-        while done < length:
-            with whole[done:length] as view:
-                done += os.write(fd, view)
+    while done < data.nbytes:
+        with data[done:] as view:
+            done += os.pwrite(fd, view, offset + done)
 
 
 @contextlib.contextmanager
@@ -163,22 +162,6 @@ def refused(err: OSError, path: Path) -> ConvertError:
     return ConvertError(f"{err.filename or path}: cannot write: {err.strerror or err}", code="PCC709")
 
 
-class _Sink:
-    """One shard's file being written; at most one write or flush of it runs on the disk thread."""
-
-    def __init__(self, pool: ThreadPoolExecutor, digest):
-        self._pool = pool
-        self._digest = digest  # the shard's hash object, fed every byte written, in order
-        self._pending: Future | None = None
-        self.written = 0  # bytes given to write(): the shard's size once it is complete
-
-    def _wait(self) -> None:
-        """The disk thread's work on this file has finished (its error is raised here)."""
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            pending.result()
-
-
 def buffer_address(buf) -> int | None:
     """The address of a writable buffer's first byte (a numpy array, a bytearray, a writable mapping, a
     memoryview of one), or None for a read-only or empty one. The caller keeps `buf` alive while it uses it."""
@@ -188,196 +171,280 @@ def buffer_address(buf) -> int | None:
         return None
 
 
-class _Direct(_Sink):
-    """A shard written with O_DIRECT from STAGE_COUNT page-aligned staging buffers: one is filled while the disk
-    thread writes another and the hash thread digests it (both only read it), so the disk works while the next
-    tensors are computed, the hash does not delay the writes (on the disk thread it made that thread the
-    bench MoE's bottleneck: 0.6-0.8 s busy for 0.79 GB, 0.13-0.24 of it hashing), and no page cache is filled
-    and written back. On ext4 here buffered writes cost 0.4-2.6 s of system time per GB, varying with the state
-    of the page cache, direct ones about 0.05 (docs/convert.md "Speed"). The last partial block is written
-    zero-padded and the file truncated to its size. Data is copied into them with ctypes' memmove, which lets go
-    of the GIL (a memoryview copy holds it: 1.2 GB of copies stalled the quantizing threads, most on a busy
-    machine), and without numpy, whose import the torch-free conversion (pcc.convert.fast) does not pay."""
-
-    def __init__(self, fd: int, pool: ThreadPoolExecutor, digest, hashing: ThreadPoolExecutor):
-        super().__init__(pool, digest)
-        self._fd, self._hashing = fd, hashing
-        self._bufs = [mmap.mmap(-1, STAGE_BYTES) for _ in range(STAGE_COUNT)]
-        self._at = [buffer_address(b) for b in self._bufs]  # (valid until the mapping is closed)
-        self._busy: list[list[Future]] = [[] for _ in self._bufs]  # each buffer's hash and write in flight
-        self._k, self._fill = 0, 0
-
-    def write(self, data) -> None:
-        with memoryview(data) as view:
-            total = view.nbytes
-            src = buffer_address(data) if total else None
-            pos = 0
-            while pos < total:
-                n = min(STAGE_BYTES - self._fill, total - pos)
-                if src is not None:
-                    ctypes.memmove(self._at[self._k] + self._fill, src + pos, n)
-                else:  # read-only (a header's bytes): copied holding the GIL
-                    with memoryview(self._bufs[self._k]) as dst, view.cast("B") as raw:
-                        dst[self._fill:self._fill + n] = raw[pos:pos + n]
-                self._fill += n
-                pos += n
-                if self._fill == STAGE_BYTES:
-                    self._submit(STAGE_BYTES)
-            self.written += total
-
-    def _submit(self, length: int) -> None:
-        buf = self._bufs[self._k]
-        self._busy[self._k] = [self._hashing.submit(_digest, self._digest, buf, self._fill),
-                               self._pool.submit(_write_all, self._fd, buf, length)]
-        self._k, self._fill = (self._k + 1) % len(self._bufs), 0
-        self._free(self._k)
-
-    def _free(self, k: int) -> None:
-        """Buffer k's hash and write have finished (a write's error is raised here)."""
-        busy, self._busy[k] = self._busy[k], []
-        for f in busy:
-            f.result()
-
-    def _wait(self) -> None:
-        for k in range(len(self._bufs)):
-            self._free(k)
-
-    def close(self) -> None:
-        try:
-            if self._fill:
-                padded = -(-self._fill // _ALIGN) * _ALIGN
-                ctypes.memset(self._at[self._k] + self._fill, 0, padded - self._fill)
-                self._submit(padded)
-            self._wait()
-            os.ftruncate(self._fd, self.written)
-            os.fsync(self._fd)
-        finally:
-            self._release()
-
-    def discard(self) -> None:
-        """Closed unfinished after a failure, which this does not raise again."""
-        for k in range(len(self._bufs)):
-            with contextlib.suppress(OSError):
-                self._free(k)
-        self._release()
-
-    def _release(self) -> None:
-        os.close(self._fd)
-        for b in self._bufs:
-            b.close()
+def _copy(dst: memoryview, data) -> None:
+    """`data`'s bytes into `dst` (as many): with ctypes' memmove, which lets go of the GIL (a memoryview copy
+    holds it: 1.2 GB of copies stalled the quantizing threads, most on a busy machine), where both have an
+    address; a read-only source (a header's bytes) copied holding it."""
+    with memoryview(data) as view, view.cast("B") as raw:
+        at, src = buffer_address(dst), buffer_address(data)
+        if at is not None and src is not None:
+            ctypes.memmove(at, src, raw.nbytes)
+        elif raw.nbytes:
+            dst[:] = raw
 
 
-class _Buffered(_Sink):
-    """A shard written through the page cache where O_DIRECT is not offered (tmpfs, macOS): its data
-    is fdatasynced in the background each FLUSH_BYTES, so the final fsync writes only the tail
-    instead of the whole shard while nothing else runs."""
+class Span:
+    """Bytes [start, end) of the output stream, reserved for (part of) one tensor: `view` is where they go, a
+    view of the staging ring where the file's next writes come from, or a buffer of their own (`bounced`)
+    copied into the ring when committed, where they would wrap the ring's end or are too long for one
+    reservation. `before`: the header of the shard this span opens, committed first."""
 
-    def __init__(self, path: Path, pool: ThreadPoolExecutor, digest):
-        super().__init__(pool, digest)
-        self._f = path.open("wb")
+    __slots__ = ("before", "bounced", "end", "start", "view")
+
+    def __init__(self, start: int, end: int, view: memoryview, bounced: bool, before: Span | None = None):
+        self.start, self.end, self.view, self.bounced, self.before = start, end, view, bounced, before
+
+
+class _Sink:
+    """One shard's file: opened with O_DIRECT where offered (whole aligned blocks, the last zero-padded and
+    truncated away; no page cache filled and written back: on ext4 here buffered writes cost 0.4-2.6 s of system
+    time per GB, direct ones about 0.05, docs/convert.md "Speed"), else written through the page cache and
+    fdatasynced in the background each FLUSH_BYTES, so the final fsync writes only the tail."""
+
+    def __init__(self, shard: Shard, path: Path, start: int):
+        self.shard, self.path, self.start, self.end = shard, path, start, start + shard.size
+        fd = _open_direct(path)
+        self.direct = fd is not None
+        self.fd = fd if fd is not None else os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self.digest = hasher(SHARD_HASH)
+        self.sent = start  # the stream position up to which slots went to the disk thread
+        self.futures: list[Future] = []
         self._since = 0
 
-    def write(self, data) -> None:
-        self._f.write(data)
-        self._digest.update(data)
-        n = memoryview(data).nbytes
-        self.written += n
-        self._since += n
-        if self._since >= FLUSH_BYTES and (self._pending is None or self._pending.done()):
-            self._wait()
-            self._f.flush()
-            self._pending = self._pool.submit(_DATASYNC, self._f.fileno())
-            self._since = 0
+    def put(self, data: memoryview, offset: int) -> None:
+        """On the disk thread, in order."""
+        _write_all(self.fd, data, offset)
+        if not self.direct:
+            self._since += data.nbytes
+            if self._since >= FLUSH_BYTES:
+                _DATASYNC(self.fd)
+                self._since = 0
+
+    def wait(self) -> None:
+        for f in self.futures:
+            f.result()
 
     def close(self) -> None:
         try:
-            self._f.flush()
-            self._wait()
-            os.fsync(self._f.fileno())
+            self.wait()
+            if self.direct:
+                os.ftruncate(self.fd, self.shard.size)
+            os.fsync(self.fd)
         finally:
-            self._f.close()
+            os.close(self.fd)
 
     def discard(self) -> None:
         """Closed unfinished after a failure, which this does not raise again."""
+        for f in self.futures:
+            with contextlib.suppress(Exception):
+                f.result()
         with contextlib.suppress(OSError):
-            self._wait()
-        with contextlib.suppress(OSError):
-            self._f.close()
+            os.close(self.fd)
 
 
 class ShardWriter:
-    """Receives (name, bytes) in plan order and writes each shard as it fills (`_Direct`, else
-    `_Buffered`); a finished shard is fsynced, renamed from its .tmp name and recorded with its digest."""
+    """Receives each tensor's bytes in plan order and writes each shard as it fills; a finished shard is fsynced,
+    renamed from its .tmp name and recorded with its digest.
+
+    The shards are one stream through a staging ring of STAGE_COUNT slots of STAGE_BYTES (each shard starting at
+    a slot), with two cursors: a producer `reserve`s a tensor's next bytes, gets a view of the ring where they
+    will be written from, fills it (perhaps on other threads: the fast pipeline's kernels quantize into it, its
+    reads land in it) and `commit`s the spans in the same order; a slot whose bytes are all committed goes to the
+    disk thread and the hash thread (each only reads it), and its bytes are reserved again once both are done. So
+    nothing is copied between computing a tensor's bytes and writing them, the disk works while the next tensors
+    are computed, and the hash never delays a write (on the disk thread it made that thread the bench MoE's
+    bottleneck). `write` is the three at once (the torch pipeline's writer)."""
 
     def __init__(self, root: Path, shards: list[Shard], done: set[str], job: str):
         self.root, self.job = root, job
         self.shards = [s for s in shards if s.file not in done]
         self.owner = {n: s for s in self.shards for n in s.names}
         self.digests = {}
-        self._k, self._pos, self._f, self._h = -1, 0, None, None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
+        self._slot, self._count = STAGE_BYTES, STAGE_COUNT
+        self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
+        self._ring: memoryview | None = None  # made at the first reservation (never closed: views outlive it)
+        self._lock = threading.Condition()
+        self._sent: dict[int, list[Future]] = {}  # slot number (stream position // slot) -> its hash and write
+        self._submitted = 0  # slots [0, _submitted) sent to the disk (or unused, between shards)
+        self._cleared = 0  # slots [0, _cleared) written and hashed: their ring bytes free again
+        self._sinks: collections.deque[_Sink] = collections.deque()  # opened by `reserve`, not yet closed
+        self._shard, self._pos, self._at = None, 0, 0  # the producer's shard, its next name, the stream position
+        self._handed = 0  # the stream position up to which reserved spans will be committed (`hand_off`)
 
     def wanted(self, name: str) -> bool:
         return name in self.owner
 
-    def write(self, name: str, data, last: bool = True) -> None:
-        """Append `data` of tensor `name`; a tensor may come in several pieces, `last` on its final one."""
+    # ---- the producer's side ----
+
+    def reserve(self, name: str, nbytes: int, last: bool = True, stop=None) -> Span | None:
+        """The next `nbytes` of tensor `name` (`last` on its final piece), waiting for the ring's bytes to be
+        written; None once `stop` is set."""
         shard = self.owner[name]
-        try:  # (no `writing` context here: a MoE's thousands of pieces each paid for it and the path)
-            if self._f is None or shard is not self.shards[self._k]:
-                self._open(shard)
-            expect = shard.names[self._pos]
+        path = self.root / (shard.file + ".tmp")
+        try:
+            before = None
+            if shard is not self._shard:
+                before = self._open(shard, stop)
+                if before is False:
+                    return None
+            expect = shard.names[self._pos] if self._pos < len(shard.names) else None
             if name != expect:
                 raise ConvertError(f"internal order error: got {name}, {shard.file} expects {expect}")
-            self._f.write(data)
-            if not last:
-                return
-            self._pos += 1
-            if self._pos == len(shard.names):
-                self._close()
+            span = self._claim(nbytes, stop)
+            if span is None:
+                return None
+            span.before = before
+            self._pos += last
+            return span
         except OSError as err:
-            raise refused(err, self.root / (shard.file + ".tmp")) from err
+            raise refused(err, path) from err
 
-    def _open(self, shard: Shard) -> None:
-        if self._f is not None:
-            raise ConvertError(f"{self.shards[self._k].file}: left incomplete")
-        self._k = self.shards.index(shard)
-        self._pos = 0
-        path = self.root / (shard.file + ".tmp")
-        fd = _open_direct(path)
-        self._h = hasher(SHARD_HASH)
-        self._f = _Buffered(path, self._pool, self._h) if fd is None else _Direct(fd, self._pool, self._h,
-                                                                                  self._hashing)
-        self._f.write(shard.header)
+    def _open(self, shard: Shard, stop):
+        """The shard's file and its header's span; False once `stop` is set."""
+        if self._shard is not None and self._pos != len(self._shard.names):
+            raise ConvertError(f"{self._shard.file}: left incomplete")
+        if self._ring is None:
+            self._ring = memoryview(mmap.mmap(-1, self._slot * self._count))  # (zero pages until first written)
+        self._at = -(-self._at // self._slot) * self._slot
+        self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))
+        self._shard, self._pos = shard, 0
+        header = self._claim(len(shard.header), stop)
+        if header is None:
+            return False
+        _copy(header.view, shard.header)
+        return header
 
-    def _close(self) -> None:
-        shard = self.shards[self._k]
-        f, self._f = self._f, None
-        f.close()
-        tmp = self.root / (shard.file + ".tmp")
-        if f.written != shard.size or tmp.stat().st_size != shard.size:
-            raise ConvertError(f"{tmp}: wrote {f.written} bytes, the plan says {shard.size}")
-        os.replace(tmp, self.root / shard.file)
-        digest = self._h.hexdigest()
+    def _claim(self, nbytes: int, stop) -> Span | None:
+        """The next `nbytes` of the stream: a view of the ring once its slots are free, else bounced (wrapping the
+        ring's end, or needing a slot whose bytes wait for spans not yet handed off: waiting would never end)."""
+        start, ring = self._at, self._slot * self._count
+        self._at += nbytes
+        at, slots = start % ring, range(start // self._slot, -(-(start + nbytes) // self._slot))
+        if at + nbytes > ring or any((k - self._count + 1) * self._slot > self._handed for k in slots):
+            return Span(start, start + nbytes, memoryview(bytearray(nbytes)), True)
+        for k in slots:
+            if not self._ready(k, stop):
+                return None
+        return Span(start, start + nbytes, self._ring[at:at + nbytes], False)
+
+    def hand_off(self) -> None:
+        """The spans reserved so far will be committed without waiting for more reservations (the producer
+        handed them on): a later reservation may wait for their slots to be written."""
+        self._handed = self._at
+
+    def _ready(self, k: int, stop) -> bool:
+        """Slot k's bytes are free: its previous use written and hashed (an error of either raised here)."""
+        old = k - self._count
+        if old < self._cleared:
+            return True
+        with self._lock:
+            while self._submitted <= old:
+                if stop is not None and stop.is_set():
+                    return False
+                self._lock.wait(0.1)
+            pending = [f for s in range(self._cleared, old + 1) for f in self._sent.get(s, ())]
+        for f in pending:
+            f.result()
+        with self._lock:
+            for s in range(self._cleared, old + 1):
+                self._sent.pop(s, None)
+            self._cleared = max(self._cleared, old + 1)
+        return True
+
+    # ---- the committing side ----
+
+    def commit(self, span: Span, data=None) -> None:
+        """The span's bytes are in place (`data` copied in first, if given); spans are committed in the order
+        they were reserved."""
+        sink = self._sinks[0]
+        try:
+            if span.before is not None:
+                self.commit(span.before)
+            if data is not None:
+                _copy(span.view, data)
+            if not span.bounced:
+                self._advance(sink, span.end)
+                return
+            at, ring = span.start, self._slot * self._count
+            while at < span.end:  # slot by slot, each once free
+                k = at // self._slot
+                self._ready(k, None)
+                n = min((k + 1) * self._slot, span.end) - at
+                _copy(self._ring[at % ring:at % ring + n], span.view[at - span.start:at - span.start + n])
+                at += n
+                self._advance(sink, at)
+        except OSError as err:
+            raise refused(err, sink.path) from err
+
+    def _advance(self, sink: _Sink, at: int) -> None:
+        """Bytes up to stream position `at` are committed: full slots of the shard go to the disk, and the
+        shard is finished where `at` is its end."""
+        while sink.sent + self._slot <= at:
+            self._send(sink, sink.sent + self._slot)
+        if at == sink.end:
+            if sink.sent < at:
+                self._send(sink, at)
+            self._close(sink)
+
+    def _send(self, sink: _Sink, end: int) -> None:
+        """The slot from `sink.sent` to `end` to the hash and disk threads."""
+        start, ring = sink.sent, self._slot * self._count
+        at, n = start % ring, end - start
+        length = -(-n // _ALIGN) * _ALIGN if sink.direct else n  # (the last block zero-padded, then truncated)
+        if length > n:
+            self._ring[at + n:at + length] = bytes(length - n)
+        view = self._ring[at:at + length]
+        sent = [self._hashing.submit(_digest, sink.digest, view[:n]),
+                self._disk.submit(sink.put, view, start - sink.start)]
+        sink.futures += sent
+        sink.sent = end
+        with self._lock:
+            self._sent[start // self._slot] = sent
+            self._submitted = -(-end // self._slot)
+            self._lock.notify_all()
+
+    def _close(self, sink: _Sink) -> None:
+        shard = sink.shard
+        self._sinks.popleft()
+        sink.close()
+        if os.stat(sink.path).st_size != shard.size:
+            raise ConvertError(f"{sink.path}: wrote {os.stat(sink.path).st_size} bytes, the plan says {shard.size}")
+        os.replace(sink.path, self.root / shard.file)
+        digest = sink.digest.hexdigest()
         self.digests[shard.file] = digest
         # whole or absent: a kill while writing it leaves only a temporary file
         write_atomic(self.root / shard.record, json.dumps({"job": self.job, SHARD_HASH: digest, "file": shard.file}))
 
+    # ---- both at once ----
+
+    def write(self, name: str, data, last: bool = True) -> None:
+        """Append `data` of tensor `name`; a tensor may come in several pieces, `last` on its final one."""
+        with memoryview(data) as view, view.cast("B") as raw:
+            step, at = (self._count - 2) * self._slot, 0
+            while True:
+                self.hand_off()  # (everything before is committed)
+                n = min(step, raw.nbytes - at)
+                span = self.reserve(name, n, last and at + n == raw.nbytes)
+                with raw[at:at + n] as part:
+                    self.commit(span, part)
+                at += n
+                if at >= raw.nbytes:
+                    return
+
     def abort(self) -> None:
-        """After a failure: the shard being written is closed unfinished (its .tmp is the caller's to remove) and
-        the disk thread stopped."""
-        f, self._f = self._f, None
-        if f is not None:
-            f.discard()
-        self._pool.shutdown()
+        """After a failure: the shards being written are closed unfinished (their .tmp files are the caller's to
+        remove) and the disk and hash threads stopped."""
+        while self._sinks:
+            self._sinks.popleft().discard()
+        self._disk.shutdown()
         self._hashing.shutdown()
 
     def finish(self) -> None:
-        self._pool.shutdown()
+        self._disk.shutdown()
         self._hashing.shutdown()
-        if self._f is not None:
-            raise ConvertError(f"{self.shards[self._k].file}: input ended before the shard was full")
+        if self._sinks:
+            raise ConvertError(f"{self._sinks[0].shard.file}: input ended before the shard was full")
         missing = [s.file for s in self.shards if s.file not in self.digests]
         if missing:
             raise ConvertError(f"shards never written: {', '.join(missing)}")

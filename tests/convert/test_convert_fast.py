@@ -15,7 +15,7 @@ from test_convert_bytes import _contract, make_source
 
 from pcc import fused
 from pcc.cli import main
-from pcc.convert import fast, run
+from pcc.convert import fast, run, shards
 
 pytestmark = pytest.mark.skipif(os.environ.get("PCC_FUSED") == "0", reason="PCC_FUSED=0 turns the fused kernel off")
 
@@ -74,15 +74,15 @@ def test_the_gc_is_paused_while_compiling_and_given_back(bf16, tmp_path, monkeyp
         gc.enable()
 
 
-@pytest.mark.parametrize("piece, map_min", [(None, None), (4096, None), (4096, 0)])
-def test_the_torch_pipelines_bytes(bf16, tmp_path, monkeypatch, piece, map_min):
+@pytest.mark.parametrize("piece, slot", [(None, None), (4096, None), (4096, 8192)])
+def test_the_torch_pipelines_bytes(bf16, tmp_path, monkeypatch, piece, slot):
     src, contract = bf16
     taken = _spy(monkeypatch)
     if piece:
         monkeypatch.setattr(run, "PIECE_BYTES", piece)
-    if map_min is not None:  # every source piece mapped, none read into the ring
-        monkeypatch.setattr(fast, "_MAP_MIN", map_min)
-    monkeypatch.setattr(fast, "_SMALL_RING", 1 << 16)  # the ring's bytes reused all the time: none before written
+    if slot:  # the writer's ring of 8 KiB slots: spans wrap its end and are bounced; reads of 4 KiB at a time
+        monkeypatch.setattr(shards, "STAGE_BYTES", slot)
+        monkeypatch.setattr(fast, "_READ_BYTES", 4096)
     assert _convert(src, contract, tmp_path / "fast", "--max-shard-size", "2MB") == 0 and taken
     monkeypatch.setattr(fast, "eligible", lambda *a: None)
     assert _convert(src, contract, tmp_path / "torch", "--max-shard-size", "2MB") == 0

@@ -37,6 +37,7 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
     monkeypatch.setattr(run, "PIECE_BYTES", 4096)  # embed, lm_head, norms: many pieces each
     monkeypatch.setattr(shards, "_open_direct", lambda path: None)  # through the page cache
     monkeypatch.setattr(shards, "FLUSH_BYTES", 64 << 10)
+    monkeypatch.setattr(shards, "STAGE_BYTES", 16 << 10)  # a write each 16 KiB, a flush each four
     monkeypatch.setattr(shards, "_DATASYNC", lambda fd: flushed.append(fd))
     monkeypatch.setattr(run, "_IN_FLIGHT", 1)  # one piece mapped: every tensor waits for the last write
     dst = tmp_path / "dst"

@@ -1,0 +1,90 @@
+"""pcc.convert.shards.ShardWriter's staging ring: spans reserved in order on one thread, filled out of order on
+others and committed in order on a third give each shard's bytes and BLAKE3 digest, whatever the spans' sizes
+against the ring's slots (wrapping its end, longer than it, batches larger than it); a producer waiting for
+the ring's bytes is not kept waiting once the pipeline stops."""
+
+import queue
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from blake3 import blake3
+
+from pcc.convert import shards
+from pcc.convert.shards import ShardWriter, plan_shards
+
+
+def _targets(rng: random.Random, count: int) -> list[tuple[str, str, list[int]]]:
+    return [(f"t{k}", "U8", [rng.choice([0, 1, 7, 100, 4096, 5000, 8192, 20000, 70000])]) for k in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("direct", [True, False])
+def test_spans_filled_out_of_order_give_each_shards_bytes(tmp_path, monkeypatch, seed, direct):
+    rng = random.Random(seed)
+    monkeypatch.setattr(shards, "STAGE_BYTES", 8192)
+    if not direct:
+        monkeypatch.setattr(shards, "_open_direct", lambda path: None)
+    targets = _targets(rng, 60)
+    data = {name: rng.randbytes(shape[0]) for name, _, shape in targets}
+    plan = plan_shards(targets, 50000)
+    (tmp_path / shards.RECORDS).mkdir()
+    writer = ShardWriter(tmp_path, plan, set(), "job")
+    handed: queue.Queue = queue.Queue()
+    fill, stop, failed = ThreadPoolExecutor(3), threading.Event(), []
+
+    def commit():
+        try:
+            while (batch := handed.get()) is not None:
+                for span, job in batch:
+                    job.result()
+                    writer.commit(span)
+        except BaseException as err:
+            failed.append(err)
+            stop.set()
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    batch = []
+    for name, _, shape in targets:
+        pieces = rng.choice([1, 1, 3])
+        bounds = sorted({0, shape[0], *(rng.randrange(shape[0] + 1) for _ in range(pieces - 1))})
+        for a, b in list(zip(bounds, bounds[1:])) or [(0, 0)]:
+            span = writer.reserve(name, b - a, b == shape[0], stop)
+            assert span is not None, failed
+            job = fill.submit(span.view.__setitem__, slice(None), data[name][a:b])
+            batch.append((span, job))
+            if rng.random() < 0.3:  # a batch handed on: its spans may be any size, the ring's too
+                handed.put(batch)
+                writer.hand_off()
+                batch = []
+    handed.put(batch)
+    handed.put(None)
+    committer.join()
+    assert not failed
+    writer.finish()
+    for shard in plan:
+        got = (tmp_path / shard.file).read_bytes()
+        assert got == shard.header + b"".join(data[n] for n in shard.names)
+        assert writer.digests[shard.file] == blake3(got).hexdigest()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_producer_waiting_for_the_ring_stops_with_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "STAGE_BYTES", 8192)
+    def plan(a: int):
+        return plan_shards([("a", "U8", [a]), ("b", "U8", [8192])], 1 << 30)
+
+    head = len(plan(40000)[0].header)
+    fill = 5 * 8192 - head  # the header and "a" fill the ring's five slots: "b" needs the first again
+    assert len(plan(fill)[0].header) == head
+    (tmp_path / shards.RECORDS).mkdir()
+    writer = ShardWriter(tmp_path, plan(fill), set(), "job")
+    stop = threading.Event()
+    first = writer.reserve("a", fill, True, stop)
+    assert not first.bounced
+    writer.hand_off()  # handed on, never committed
+    threading.Timer(0.3, stop.set).start()
+    assert writer.reserve("b", 8192, True, stop) is None
+    writer.abort()
