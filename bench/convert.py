@@ -301,10 +301,10 @@ def _out_sizes(ckpt: str) -> Path:
 
 def physical(dst: Path, ckpt: str, stage: int, count: int) -> None:
     """The physical floor: every source byte read once (pread from the files the conversion reads) and the
-    bytes of pcc's output shards written as pcc's writer writes them (pcc.convert.shards._Direct): O_DIRECT
-    from `count` page-aligned staging buffers of `stage` bytes (pcc's STAGE_COUNT, STAGE_BYTES), each written on
-    a disk thread while the next is read into another, the last block zero-padded, each file truncated to its
-    size, fsynced and renamed, then the directory fsynced. Nothing is computed or hashed: what is written is the source's
+    bytes of pcc's output shards written as pcc's writer writes them (pcc.convert.shards.ShardWriter): O_DIRECT
+    from a ring of `count` page-aligned slots of `stage` bytes (pcc's STAGE_COUNT, STAGE_BYTES), each shard
+    from a slot of its own, each slot written on a disk thread while the next is read into another, the last
+    block zero-padded, each file truncated to its size, fsynced and renamed, then the directory fsynced. Nothing is computed or hashed: what is written is the source's
     first bytes."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
@@ -486,7 +486,7 @@ def _watch_threads() -> dict:
     def timed_run(self):
         try:
             run(self)
-        finally:  # "Thread-2 (reader)" -> reader, "pcc-fast_1" -> pcc-fast
+        finally:  # "Thread-2 (write_all)" -> write_all, "pcc-fast_1" -> pcc-fast
             group = re.sub(r"^Thread-\d+ \((.*)\)$", r"\1", re.sub(r"_\d+$", "", self.name))
             with lock:
                 seen["cpu"][group] = seen["cpu"].get(group, 0.0) + time.thread_time()

@@ -161,23 +161,10 @@ class Source:
             fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
         return fd, file, self.data_start[file] + begin + first
 
-    def map_bytes(self, name: str, first: int, count: int):
-        """Bytes [first, first + count) of stored tensor `name`'s data as a memoryview of a private mapping whose
-        page tables are filled (`map` without torch or numpy: pcc.convert.fast), or of a bytearray read with
-        pread where the file cannot be mapped. The mapping goes when the view does."""
-        from pcc.convert.shards import buffer_address
-
-        fd, file, base = self._bytes_at(name, first, count)
-        mapped = self._mapping(fd, file, name, base, count) if count else None
-        if mapped is None:
-            return self.read_bytes(name, first, memoryview(bytearray(count)))
-        m, skip = mapped
-        _populate(buffer_address(m), skip + count)
-        return memoryview(m)[skip:skip + count]
-
     def read_bytes(self, name: str, first: int, into: memoryview) -> memoryview:
         """Bytes [first, first + into.nbytes) of stored tensor `name`'s data, read with pread into `into`
-        (pcc.convert.fast reads small pieces into a reused ring: no mapping set up and torn down per piece)."""
+        (pcc.convert.fast's chunk workers read into the writer's staging ring, or into a buffer their kernel then
+        quantizes while it is in the core's cache; thread-safe)."""
         count, done = into.nbytes, 0
         fd, file, base = self._bytes_at(name, first, count)
         while done < count:
