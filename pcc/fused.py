@@ -3,7 +3,8 @@ LLVM in a wheel, no compiler on the machine); `pcc.numerics.quantize`
 uses it where it gives that module's own bytes, and its torch path everywhere else.
 
 E4M3 scaled by float32 blocks, rows or runs (`fp8_block`, `fp8_row`) of BF16 or float32 weights, one block
-row at a time: each column's max magnitude over the block row's rows (integer max of the magnitude bits),
+row at a time: each column's max magnitude over the block row's rows (integer max of the magnitude bits, a
+BF16's 16 of them: twice the lanes per vector),
 each block's scale amax / 448 (at least the smallest normal, 1 for an all-zero block), then every element
 divided by its block's scale in float32 and rounded to E4M3 by c10's float -> Float8_e4m3fn rule (the cast
 torch applies), all in loops over whole rows that LLVM vectorizes. Eager torch makes five passes over each
@@ -33,6 +34,7 @@ _KERNELS: dict = {}  # source element -> its ctypes function, or None where llvm
 # low byte of its bits less bits(2^14) is the code; else (f - (120 << 23) + 0x7FFFF + mantissa bit 20) >> 20.
 _DECLARE = """
 declare i32 @llvm.umax.i32(i32, i32)
+declare i16 @llvm.umax.i16(i16, i16)
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
 """
 _IR = """
@@ -43,7 +45,7 @@ entry:
   %nbc.0 = add i64 %cols, %C
   %nbc.1 = sub i64 %nbc.0, 1
   %nbc = udiv i64 %nbc.1, %C
-  %cm.bytes = mul i64 %cols, 4
+  %cm.bytes = mul i64 %cols, MAGTBYTES
   br label %br.head
 
 br.head:
@@ -73,12 +75,11 @@ amax.col:
   %xi = add i64 %row, %c
   %px = getelementptr ELT, ptr %x, i64 %xi
   %v = load ELT, ptr %px
-  WIDEN(%v, %w)
-  %mag = and i32 %w, 2147483647
-  %pm = getelementptr i32, ptr %colmax, i64 %c
-  %m0 = load i32, ptr %pm
-  %m1 = call i32 @llvm.umax.i32(i32 %m0, i32 %mag)
-  store i32 %m1, ptr %pm
+  MAG(%v, %mag)
+  %pm = getelementptr MAGT, ptr %colmax, i64 %c
+  %m0 = load MAGT, ptr %pm
+  %m1 = call MAGT @llvm.umax.MAGT(MAGT %m0, MAGT %mag)
+  store MAGT %m1, ptr %pm
   %c.next = add i64 %c, 1
   %c.more = icmp slt i64 %c.next, %cols
   br i1 %c.more, label %amax.col, label %amax.row.done
@@ -101,26 +102,27 @@ blocks.body:
 
 bmax:
   %k = phi i64 [%c0, %blocks.body], [%k.next, %bmax]
-  %bm = phi i32 [0, %blocks.body], [%bm.1, %bmax]
-  %pk = getelementptr i32, ptr %colmax, i64 %k
-  %mk = load i32, ptr %pk
-  %bm.1 = call i32 @llvm.umax.i32(i32 %bm, i32 %mk)
+  %bm = phi MAGT [0, %blocks.body], [%bm.1, %bmax]
+  %pk = getelementptr MAGT, ptr %colmax, i64 %k
+  %mk = load MAGT, ptr %pk
+  %bm.1 = call MAGT @llvm.umax.MAGT(MAGT %bm, MAGT %mk)
   %k.next = add i64 %k, 1
   %k.more = icmp slt i64 %k.next, %c1
   br i1 %k.more, label %bmax, label %bmax.done
 
 bmax.done:
+  BITS(%bm.1, %bmf)
   %sidx.0 = mul i64 %br, %nbc
   %sidx = add i64 %sidx.0, %j
-  %bad = icmp uge i32 %bm.1, 2139095040
+  %bad = icmp uge i32 %bmf, 2139095040
   br i1 %bad, label %ret.bad, label %scale
 
 scale:
-  %amf = bitcast i32 %bm.1 to float
+  %amf = bitcast i32 %bmf to float
   %s.0 = fdiv float %amf, 4.480000e+02
   %small = fcmp olt float %s.0, 0x3810000000000000
   %s.1 = select i1 %small, float 0x3810000000000000, float %s.0
-  %zero = icmp eq i32 %bm.1, 0
+  %zero = icmp eq i32 %bmf, 0
   %s = select i1 %zero, float 1.000000e+00, float %s.1
   %ps = getelementptr float, ptr %scales, i64 %sidx
   store float %s, ptr %ps
@@ -231,10 +233,14 @@ none:
 _MAGNITUDE = {16: ("%w = zext i16 %v to i32", 32767), 32: ("%w = add i32 %v, 0", 2147483647)}
 _MAGNITUDE_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64)
 
-# source element -> (its IR type, how it becomes its value's float32 bits)
+# source element -> (its IR type, how it becomes its value's float32 bits, the integer type of its magnitude bits
+# and how they are taken, how a maximum of them becomes float32 bits): a BF16 amax is taken on its 16 bits (they
+# order as the values do), twice the lanes per vector of widening each element first
 _ELEMENTS = {
-    "bf16": ("i16", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"),
-    "f32": ("float", "{t} = bitcast float {v} to i32"),
+    "bf16": ("i16", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16", "i16",
+             "{t} = and i16 {v}, 32767", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"),
+    "f32": ("float", "{t} = bitcast float {v} to i32", "i32",
+            "{t}.i = bitcast float {v} to i32\n  {t} = and i32 {t}.i, 2147483647", "{t} = add i32 {v}, 0"),
 }
 _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 6,
                               *[ctypes.c_void_p] * 2)
@@ -244,11 +250,12 @@ def _module(element: str) -> str:
     if element == "magnitude":
         return "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
                        for w, (widen, mask) in _MAGNITUDE.items())
-    ir_type, widen = _ELEMENTS[element]
+    ir_type, widen, mag_type, mag, bits = _ELEMENTS[element]
     text = _IR.replace("@fp8_blocks", f"@fp8_blocks_{element}").replace("ELT", ir_type)
-    for v, t in (("%v", "%w"), ("%v2", "%w2")):
-        text = text.replace(f"WIDEN({v}, {t})", widen.format(v=v, t=t))
-    return text
+    text = text.replace("MAGTBYTES", str(int(mag_type[1:]) // 8)).replace("MAGT", mag_type)
+    text = text.replace("MAG(%v, %mag)", mag.format(v="%v", t="%mag"))
+    text = text.replace("BITS(%bm.1, %bmf)", bits.format(v="%bm.1", t="%bmf"))
+    return text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
 
 
 def kernel(element: str):
