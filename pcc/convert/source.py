@@ -157,8 +157,11 @@ class Source:
         if not 0 <= first <= first + count <= end - begin:
             raise ConvertError(f"{self.root / file}: {name} has no bytes [{first}, {first + count})")
         fd = self._handles.get(file)
-        if fd is None:
-            fd = self._handles[file] = os.open(self.root / file, os.O_RDONLY)
+        if fd is None:  # (two chunk workers may open it at once: one handle is kept, the other closed)
+            opened = os.open(self.root / file, os.O_RDONLY)
+            fd = self._handles.setdefault(file, opened)
+            if fd != opened:
+                os.close(opened)
         return fd, file, self.data_start[file] + begin + first
 
     def read_bytes(self, name: str, first: int, into: memoryview) -> memoryview:
