@@ -37,6 +37,14 @@ def test_quantize_bench_compares_codes_of_every_format():
     assert len(rows) == 5 and all(r[-1] == "True" for r in rows)  # pcc's codes are the straightforward ones
 
 
+def test_kernel_bench_times_the_reads_around_the_kernel():
+    if not fused.available():
+        pytest.skip("bench/kernel.py times pcc.fused's kernel, which needs llvmlite")
+    out = _run("kernel.py", "--experts", "24", "--rounds", "1")
+    rows = [line for line in out.splitlines() if line.startswith(("kernel", "pread"))]
+    assert len(rows) == 5 and all(float(r.split()[-1]) > 0 for r in rows)
+
+
 def test_resolve_bench_beside_compressed_tensors():
     pytest.importorskip("compressed_tensors")
     out = _run("resolve.py", "--layers", "2", "--rounds", "1")
