@@ -47,9 +47,9 @@ def test_pieces_and_background_flushes_give_the_same_bytes(moe, tmp_path, monkey
 
 
 def test_direct_writes_give_the_bytes_of_buffered_ones(moe, tmp_path, monkeypatch):
-    """O_DIRECT shards (staging buffers of 8 KiB here: many swaps, a zero-padded last block truncated
-    away) are the page cache writer's files byte for byte, and are what the writer used where the
-    filesystem offers O_DIRECT; each shard's recorded digest, computed buffer by buffer on the hash thread
+    """O_DIRECT shards (ring slots of 8 KiB here: many wraps and bounced spans, a zero-padded last block
+    truncated away) are the page cache writer's files byte for byte, and are what the writer used where the
+    filesystem offers O_DIRECT; each shard's recorded digest, computed slot by slot on the hash thread
     while the disk thread writes, is BLAKE3 of the whole file (blake3 over the bytes read back)."""
     from blake3 import blake3
 
