@@ -24,7 +24,7 @@ import mmap
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcc.convert import ConvertError
@@ -45,6 +45,7 @@ class Shard:
     names: list[str]
     header: bytes  # 8-byte length + padded JSON
     size: int  # whole file
+    ends: list[int] = field(default_factory=list)  # each tensor's end in the data, as its header says
 
     @property
     def record(self) -> str:
@@ -76,7 +77,8 @@ def plan_shards(targets: list[tuple[str, str, list[int]]], max_bytes: int) -> li
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # align data to 8 bytes, as safetensors' own writer does
         blob = len(raw).to_bytes(8, "little") + raw
-        shards.append(Shard(file, [t[0] for t in group], blob, len(blob) + offset))
+        ends = [header[name]["data_offsets"][1] for name, _, _ in group]
+        shards.append(Shard(file, [t[0] for t in group], blob, len(blob) + offset, ends))
     return shards
 
 
@@ -265,11 +267,12 @@ class ShardWriter:
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
         self._ring: memoryview | None = None  # made at the first reservation (never closed: views outlive it)
         self._lock = threading.Condition()
-        self._sent: dict[int, list[Future]] = {}  # slot number (stream position // slot) -> its hash and write
+        self._sent: dict[int, list] = {}  # slot number (stream position // slot) -> (its hash and write, the file)
         self._submitted = 0  # slots [0, _submitted) sent to the disk (or unused, between shards)
         self._cleared = 0  # slots [0, _cleared) written and hashed: their ring bytes free again
         self._sinks: collections.deque[_Sink] = collections.deque()  # opened by `reserve`, not yet closed
-        self._shard, self._pos, self._at = None, 0, 0  # the producer's shard, its next name, the stream position
+        # the producer's shard, its next name, the stream position, the shard's start in the stream
+        self._shard, self._pos, self._at, self._start = None, 0, 0, 0
         self._handed = 0  # the stream position up to which reserved spans will be committed (`hand_off`)
 
     def wanted(self, name: str) -> bool:
@@ -295,7 +298,12 @@ class ShardWriter:
             if span is None:
                 return None
             span.before = before
-            self._pos += last
+            if last:
+                want = len(shard.header) + shard.ends[self._pos]
+                if self._at - self._start != want:
+                    raise ConvertError(f"internal size error: {name} ends at byte {self._at - self._start} of "
+                                       f"{shard.file}, its header says {want}")
+                self._pos += 1
             return span
         except OSError as err:
             raise refused(err, path) from err
@@ -306,7 +314,7 @@ class ShardWriter:
             raise ConvertError(f"{self._shard.file}: left incomplete")
         if self._ring is None:
             self._ring = memoryview(mmap.mmap(-1, self._slot * self._count))  # (zero pages until first written)
-        self._at = -(-self._at // self._slot) * self._slot
+        self._at = self._start = -(-self._at // self._slot) * self._slot
         self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))
         self._shard, self._pos = shard, 0
         header = self._claim(len(shard.header), stop)
@@ -343,9 +351,12 @@ class ShardWriter:
                 if stop is not None and stop.is_set():
                     return False
                 self._lock.wait(0.1)
-            pending = [f for s in range(self._cleared, old + 1) for f in self._sent.get(s, ())]
-        for f in pending:
-            f.result()
+            pending = [(f, path) for s in range(self._cleared, old + 1) for f, path in self._sent.get(s, ())]
+        for f, path in pending:
+            try:
+                f.result()
+            except OSError as err:
+                raise refused(err, path) from err
         with self._lock:
             for s in range(self._cleared, old + 1):
                 self._sent.pop(s, None)
@@ -357,10 +368,12 @@ class ShardWriter:
     def commit(self, span: Span, data=None) -> None:
         """The span's bytes are in place (`data` copied in first, if given); spans are committed in the order
         they were reserved."""
+        if span.before is not None:
+            self.commit(span.before)
+        if span.start == span.end:  # nothing to place (an empty tensor: its shard may be finished already)
+            return
         sink = self._sinks[0]
         try:
-            if span.before is not None:
-                self.commit(span.before)
             if data is not None:
                 _copy(span.view, data)
             if not span.bounced:
@@ -400,13 +413,14 @@ class ShardWriter:
         sink.futures += sent
         sink.sent = end
         with self._lock:
-            self._sent[start // self._slot] = sent
+            self._sent[start // self._slot] = [(f, sink.path) for f in sent]
             self._submitted = -(-end // self._slot)
             self._lock.notify_all()
 
     def _close(self, sink: _Sink) -> None:
         shard = sink.shard
-        self._sinks.popleft()
+        if self._sinks.popleft() is not sink:
+            raise ConvertError(f"internal order error: {shard.file} finished out of turn")
         sink.close()
         if os.stat(sink.path).st_size != shard.size:
             raise ConvertError(f"{sink.path}: wrote {os.stat(sink.path).st_size} bytes, the plan says {shard.size}")

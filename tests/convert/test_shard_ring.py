@@ -88,3 +88,43 @@ def test_a_producer_waiting_for_the_ring_stops_with_the_pipeline(tmp_path, monke
     threading.Timer(0.3, stop.set).start()
     assert writer.reserve("b", 8192, True, stop) is None
     writer.abort()
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_empty_tensors_end_a_shard_or_fill_one(tmp_path, monkeypatch, ahead):
+    """An empty tensor last in a shard (its shard finished by the bytes before it), and a shard of empty tensors
+    only (finished by its header): through `write` (the torch path), and with every span reserved before the
+    first is committed (the fast path's producer ahead of its writer)."""
+    monkeypatch.setattr(shards, "STAGE_BYTES", 8192)
+    targets = [("a", "U8", [100]), ("e1", "U8", [0]), ("b", "U8", [70000]), ("e2", "U8", [0]), ("e3", "U8", [0]),
+               ("c", "U8", [70000])]
+    plan = plan_shards(targets, 50000)
+    assert [s.names for s in plan] == [["a", "e1"], ["b"], ["e2", "e3"], ["c"]]
+    (tmp_path / shards.RECORDS).mkdir()
+    writer = ShardWriter(tmp_path, plan, set(), "job")
+    data = {name: bytes([k + 1]) * shape[0] for k, (name, _, shape) in enumerate(targets)}
+    if ahead:
+        spans = [writer.reserve(name, len(data[name]), True, threading.Event()) for name, _, _ in targets]
+        writer.hand_off()
+        for span, (name, _, _) in zip(spans, targets):
+            writer.commit(span, data[name])
+    else:
+        for name, _, _ in targets:
+            writer.write(name, data[name])
+    writer.finish()
+    for shard in plan:
+        got = (tmp_path / shard.file).read_bytes()
+        assert got == shard.header + b"".join(data[n] for n in shard.names)
+        assert writer.digests[shard.file] == blake3(got).hexdigest()
+
+
+def test_a_tensor_of_another_size_than_its_header_is_an_error_where_it_ends(tmp_path):
+    from pcc.convert import ConvertError
+
+    plan = plan_shards([("a", "U8", [100]), ("b", "U8", [10])], 1 << 20)
+    (tmp_path / shards.RECORDS).mkdir()
+    writer = ShardWriter(tmp_path, plan, set(), "job")
+    writer.reserve("a", 60, False)
+    with pytest.raises(ConvertError, match="a ends at byte .*its header says"):
+        writer.reserve("a", 39, True)
+    writer.abort()
