@@ -774,7 +774,7 @@ def compile_child(ckpt: str) -> None:
 
 
 # (module, function, stage) of the compile's work, in the order load_plan and the conversion run them
-_COMPILE_STAGES = [("pcc.convert.contract", "catalog_from_checkpoint", "the catalog from the checkpoint's headers"),
+_COMPILE_STAGES = [("pcc.convert.contract", "_catalog_of", "the catalog from the opened source's headers"),
                    ("pcc.plan", "load", "parse the contract"),
                    ("pcc.plan", "resolve", "resolve and check"),
                    ("pcc.plan", "run_checks", "resolve and check"),

@@ -11,7 +11,6 @@ from pcc.convert import ConvertError
 from pcc.lang.inputs import InputError, loads_json, read_bytes, read_json
 from pcc.models import CatalogError, catalog_from_checkpoint, load_catalog
 from pcc.models.builtin import catalog_from_config
-from pcc.models.checkpoint import fingerprint
 
 CONVERTER_PLAN = "convert/plan.json"  # pcc.lower.converter's file in a bundle
 
@@ -58,7 +57,7 @@ def bundle_plan(arg: str, source) -> dict | None:
         raise ConvertError(f"{path / CONVERTER_PLAN}: malformed converter plan (not as pcc compile writes it); "
                            "recompile the contract", code="PCC706")
     want = doc["source_fingerprint"]
-    if want is None or source.view.encodings or want != fingerprint(source.config, source.entries):
+    if want is None or source.view.encodings or want != source.fingerprint:
         return None
     return doc
 
@@ -113,10 +112,8 @@ def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = No
 
     path = contract_path(arg)
     try:
-        if source is not None and source.view.encodings:
+        if source is not None:
             catalog = _catalog_of(source)
-        elif source is not None:
-            catalog = catalog_from_checkpoint(source.root)
         elif checkpoint is not None:
             catalog = catalog_from_checkpoint(checkpoint)
         elif config is not None:
@@ -140,15 +137,18 @@ def load_plan(arg: str, checkpoint: Path | None = None, config: dict | None = No
 
 
 def _catalog_of(src):
-    """The catalog of a quantized source: each encoded weight is the operator of its logical tensor (shape
-    [N, K], dtype its encoding's), and the scale tensors an encoding consumes are no extras to copy."""
+    """The catalog of an opened source from the headers `open_source` checked, not read again: each encoded
+    weight of a quantized one the operator of its logical tensor (shape [N, K], dtype its encoding's), the
+    scale tensors an encoding consumes no extras to copy; a wide one with its fingerprint, as
+    catalog_from_checkpoint gives it (a kept or bundled converter plan is taken for that fingerprint)."""
     from pcc.models.base import lm_config
     from pcc.models.catalog import assemble
     from pcc.models.shapes import KNOWN_MODEL_TYPES
 
     weights, extras = src.records()
     known = lm_config(src.config).get("model_type") in KNOWN_MODEL_TYPES
-    return assemble(str(src.root), src.config, weights, extras, source=str(src.root), check_shapes=known)
+    return assemble(str(src.root), src.config, weights, extras, source=str(src.root), check_shapes=known,
+                    fingerprint=None if src.view.encodings else src.fingerprint)
 
 
 def config_of(directory: Path) -> dict:

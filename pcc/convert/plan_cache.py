@@ -7,8 +7,9 @@ is kept in `$PCC_CACHE/convert-plans/` (default ~/.cache/pcc) under a key over p
 installed distributions, the contract as given, the working directory, the extends roots and the source's
 fingerprint, with every file and folder the compile read (seen through Python's audit hooks), where each
 one's path leads and its digest. It is handed back only while each of them still leads to the same place and
-reads the same: an edited contract, an extended file, a source's index, a symlink pointed elsewhere, or pcc
-itself changed, and the contract is compiled again.
+reads the same: an edited contract, an extended file, a symlink pointed elsewhere, or pcc itself changed, and
+the contract is compiled again. The compile reads no file of the source: it takes the config.json and headers
+the conversion opened (pcc.convert.contract.load_plan), all of which the fingerprint covers.
 
 A checkpoint of the same fingerprint in another folder (the next one a training run saves) takes it too: what
 the compile read inside the source folder is recorded relative to it and must read the same in the new one,
@@ -181,7 +182,6 @@ def _distributions() -> list[str]:
 def _keys(contract: str, src) -> tuple[str, str, int]:
     """The entry's keys, for a plan any folder of the source's fingerprint takes and for one that stays with
     this source folder as given, and when pcc's code last changed."""
-    from pcc.models.checkpoint import fingerprint
     from pcc.resources import ROOTS_ENV
 
     code, newest = _code(_code_roots())
@@ -189,7 +189,7 @@ def _keys(contract: str, src) -> tuple[str, str, int]:
     doc = {"v": VERSION, "code": code, "python": sys.version, "dists": _distributions(),
            "contract": os.fsdecode(contract), "cwd": os.getcwd(), "roots": roots,
            "roots_real": [os.path.realpath(p) for p in (roots or "").split(os.pathsep) if p],
-           "fingerprint": fingerprint(src.config, src.entries)}
+           "fingerprint": src.fingerprint}
     return (*(hashlib.sha256(json.dumps(doc | {"source": source}, sort_keys=True).encode()).hexdigest()
               for source in (None, os.fsdecode(src.root))), newest)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -11,8 +10,9 @@ from pathlib import Path
 
 from pcc.convert import ConvertError
 from pcc.lang.inputs import InputError, read_json
-from pcc.models.base import READS, CatalogError, may_lead_to
-from pcc.models.checkpoint import MAX_JSON, read_safetensors_header
+from pcc.models.base import CatalogError, may_lead_to
+from pcc.models.checkpoint import MAX_JSON, read_header
+from pcc.models.quantized import ST_ITEM
 
 INDEX = "model.safetensors.index.json"
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python names it from 3.13
@@ -104,7 +104,7 @@ class Source:
             row = (end - begin) // shape[0]
             begin, end, shape = begin + index * row, begin + (index + 1) * row, shape[1:]
         if piece is not None:
-            item = ITEM_BYTES[entry["dtype"]]
+            item = ST_ITEM[entry["dtype"]]
             first, count = piece
             if not 0 <= first <= first + count <= (end - begin) // item:
                 raise ConvertError(f"{self.root / file}: {name} {shape} has no elements [{first}, {first + count})")
@@ -197,6 +197,14 @@ class Source:
                 raise ConvertError(str(err), code=err.code) from None
         return self._view
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """pcc.models.checkpoint.fingerprint of config.json and the headers: what a converter plan is compiled
+        for; computed once (a bundle's check, the kept plans' key and the compile's catalog all ask)."""
+        from pcc.models.checkpoint import fingerprint
+
+        return fingerprint(self.config, self.entries)
+
     def has(self, name: str) -> bool:
         return name in self.view.encodings or name in self.where
 
@@ -236,20 +244,9 @@ class Source:
     def records(self) -> tuple[list, list[str]]:
         """The catalog's view: (`*.weight` records (name, shape, dtype, file), other tensor names), with
         every quantized weight as its logical tensor and the tensors its encoding consumes left out."""
-        from pcc.models.base import SAFETENSORS_DTYPES
+        from pcc.models.quantized import logical_records
 
-        view, weights, extras = self.view, [], []
-        for name, entry in self.entries.items():
-            if name in view.encodings or name in view.consumed:
-                continue
-            if name.endswith(".weight"):
-                dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())
-                weights.append((name, tuple(entry["shape"]), dtype, str(self.root / self.where[name])))
-            else:
-                extras.append(name)
-        for name, enc in view.encodings.items():
-            weights.append((name, enc.shape, enc.dtype, str(self.file_of(name))))
-        return weights, extras
+        return logical_records(self.root, self.entries, self.where, self.view)
 
     def close(self) -> None:
         for fd in self._handles.values():
@@ -330,52 +327,12 @@ def inside(root: Path, name: str, what: str) -> Path:
     return path
 
 
-# Bytes per element of every dtype the converter reads (safetensors names).
-ITEM_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-              "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
-
-
 def checked_header(path: Path) -> tuple[dict, int]:
-    """The header of one shard, refused (PCC710) unless every tensor has a known dtype, a shape of whole
-    numbers and offsets that tile the data exactly: from 0, in order, without overlap or gap, ending at the
-    file's end (safetensors' own rule). So no byte is read as two tensors, and none is left unaccounted."""
+    """The header of one shard and where its data starts, refused (PCC710) unless every tensor has a known
+    dtype, a shape of whole numbers and offsets that tile the data exactly: from 0, in order, without overlap
+    or gap, ending at the file's end (safetensors' own rule; pcc.models.checkpoint.read_header, whole). So no
+    byte is read as two tensors, and none is left unaccounted."""
     try:
-        header = read_safetensors_header(path)
+        return read_header(path, whole=True)
     except CatalogError as err:
         raise ConvertError(str(err), code="PCC710") from None
-    with path.open("rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-    spans = []
-    for name, e in header.items():
-        offsets, shape, dtype = e.get("data_offsets"), e.get("shape"), e.get("dtype")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and isinstance(shape, list)):
-            raise ConvertError(f"{path}: the header entry of {name} lacks data_offsets or shape", code="PCC710")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in offsets + shape):
-            raise ConvertError(f"{path}: {name} has offsets {offsets} and shape {shape}: each must be a whole "
-                               "number >= 0; the header is corrupt", code="PCC710")
-        if dtype not in ITEM_BYTES:
-            raise ConvertError(f"{path}: {name} has dtype {dtype!r}: {READS}", code="PCC710")
-        begin, end = offsets
-        if end - begin != math.prod(shape) * ITEM_BYTES[dtype]:
-            raise ConvertError(f"{path}: {name} spans {end - begin} bytes, but {dtype} {shape} needs "
-                               f"{math.prod(shape) * ITEM_BYTES[dtype]}: the header is corrupt", code="PCC710")
-        spans.append((begin, end, name))
-    spans.sort()
-    data = path.stat().st_size - 8 - length
-    at, last = 0, None
-    for begin, end, name in spans:
-        if begin < at:
-            raise ConvertError(f"{path}: {name} starts at data byte {begin}, inside {last} (which ends at {at}): "
-                               "overlapping tensors; the header is corrupt", code="PCC710")
-        if begin > at:
-            raise ConvertError(f"{path}: {name} starts at data byte {begin}, but "
-                               f"{'the data' if last is None else last} ends at {at}: a gap no tensor accounts "
-                               "for; the header is corrupt", code="PCC710")
-        at, last = end, name
-    if at > data:
-        raise ConvertError(f"{path}: truncated: tensor {last} ends at byte {8 + length + at}, "
-                           f"the file has {path.stat().st_size} bytes", code="PCC710")
-    if at < data:
-        raise ConvertError(f"{path}: {data - at} bytes after the last tensor ({last or 'none'}) that no header "
-                           "entry accounts for; the header is corrupt", code="PCC710")
-    return header, 8 + length

@@ -102,9 +102,10 @@ def _index_only(config: dict, weight_map: dict[str, str]) -> tuple[list[Record],
     return weights, extras
 
 
-def read_header(path: Path) -> tuple[dict[str, dict], int]:
+def read_header(path: Path, whole: bool = False) -> tuple[dict[str, dict], int]:
     """(the tensor entries of one safetensors file's header, ``__metadata__`` dropped; the offset where
-    its data starts). Every entry has a dtype pcc knows (PCC210), a shape and data offsets."""
+    its data starts). Every entry has a dtype pcc knows (PCC210), a shape and data offsets; with `whole`
+    (the converter's reads) the tensors' bytes also end where the file does."""
     size = path.stat().st_size
     with path.open("rb") as f:
         prefix = f.read(8)
@@ -130,14 +131,15 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
             raise CatalogError(f"{path}: unreadable safetensors header entry for {tensor}", code="PCC210")
         if entry["dtype"] not in SAFETENSORS_DTYPES:
             raise CatalogError(f"{path}: {tensor} has dtype {entry['dtype']!r}: {READS}", code="PCC210")
-    _check_offsets(path, header, size - 8 - length)
+    _check_offsets(path, header, size - 8 - length, whole)
     return header, 8 + length
 
 
-def _check_offsets(path: Path, header: dict[str, dict], data: int) -> None:
+def _check_offsets(path: Path, header: dict[str, dict], data: int, whole: bool) -> None:
     """Every tensor's bytes are its dtype x shape, and together they tile the data from 0 with no gap or
-    overlap (as the safetensors format requires), within the file: one tensor's bytes are never read as
-    another's. PCC210; a file shorter than its header says is "truncated"."""
+    overlap (as the safetensors format requires), within the file (to its end with `whole`): one tensor's
+    bytes are never read as another's, none is left unaccounted. PCC210; a file shorter than its header says
+    is "truncated"."""
     spans = []
     for tensor, entry in header.items():
         offsets = entry.get("data_offsets")
@@ -161,6 +163,9 @@ def _check_offsets(path: Path, header: dict[str, dict], data: int) -> None:
     if at > data:
         raise CatalogError(f"{path}: truncated: tensor {last} ends at byte {at} of the data, the file holds {data}",
                            code="PCC210")
+    if whole and at < data:
+        raise CatalogError(f"{path}: {data - at} bytes after the last tensor ({last or 'none'}) that no header entry "
+                           "accounts for; the header is corrupt", code="PCC210")
 
 
 def read_safetensors_header(path: Path) -> dict[str, dict]:
