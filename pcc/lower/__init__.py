@@ -15,6 +15,7 @@ and byte-identical for the same input.
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
 import weakref
 from dataclasses import dataclass, field, replace
@@ -218,6 +219,22 @@ def _cache(plan: Plan) -> dict:
         _LOWERED[key] = {}
         weakref.finalize(plan, _LOWERED.pop, key, None)
     return _LOWERED[key]
+
+
+def once(fn):
+    """`fn(plan)`, a pure function of the Plan that several targets read (the converter plan, the modules
+    rollout keeps wide), computed once per Plan and kept beside it as its lowerings are; read-only. An
+    exception is raised again by the next call, not kept."""
+    key = f"{fn.__module__}.{fn.__qualname__}"  # (no target's name)
+
+    @functools.wraps(fn)
+    def kept(plan: Plan):
+        cache = _cache(plan)
+        if key not in cache:
+            cache[key] = fn(plan)
+        return cache[key]
+
+    return kept
 
 
 def lower_all(plan: Plan, rep: Reporter, names: tuple[str, ...] | None = None) -> dict[str, Lowered]:

@@ -16,7 +16,7 @@ ModelOpt MIXED_PRECISION (pcc.plan.mixed) is the "mixed" checkpoint: its config 
 from __future__ import annotations
 
 from pcc.contract.model import Scheme
-from pcc.lower import Unsupported
+from pcc.lower import Unsupported, once
 from pcc.plan import Plan
 from pcc.plan.layouts import Layout, named
 from pcc.plan.mixed import is_mixed
@@ -68,10 +68,12 @@ def wide_mask(plan: Plan) -> list[bool]:
     return [wide[rid] for rid in plan.owner["rollout"]]
 
 
+@once
 def skip_list(plan: Plan) -> list[str]:
     """Module names (tensor name without '.weight') of the linear operators rollout keeps wide,
     plus SGLang's fused-MoE prefix `model.layers.N.mlp.experts` for layers whose routed experts
-    are all wide (the loader asks about that prefix, not about each expert)."""
+    are all wide (the loader asks about that prefix, not about each expert). Once per Plan (every
+    rollout target asks); read-only."""
     ops, layout = plan.catalog.operators, checkpoint_layout(plan)
     names, expert_layers = [], {}
     for op, wide in zip(ops, wide_mask(plan)):

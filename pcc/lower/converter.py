@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from pcc.lower import Lowered, _cache, target, unsupported
+from pcc.lower import Lowered, once, target, unsupported
 from pcc.lower.checkpoint_config import hf_quant_config, kv_cache_algo, quantization_config, rollout_layout, skip_list
 from pcc.plan import Plan
 from pcc.plan.encode import piece_rows
@@ -84,19 +84,10 @@ def _pieces(plan: Plan, i: int) -> dict:
             "fp8_block": [w.rows, w.cols] if plain else None}
 
 
+@once
 def converter_plan(plan: Plan) -> dict:
-    """The converter plan (see module doc), computed once per Plan and kept beside it as its lowerings are
-    (`pcc.lower.lower`: `pcc convert CONTRACT` runs the one its compile lowered); read-only."""
-    kept = _cache(plan)
-    if _KEPT not in kept:
-        kept[_KEPT] = _converter_plan(plan)
-    return kept[_KEPT]
-
-
-_KEPT = "converter plan"  # (no target's name)
-
-
-def _converter_plan(plan: Plan) -> dict:
+    """The converter plan (see module doc), computed once per Plan (`pcc convert CONTRACT` runs the one its
+    compile lowered); read-only."""
     cat, c = plan.catalog, plan.contract
     moves = c.sync.moves
     trainable = set(plan.trainable)

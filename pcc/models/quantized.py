@@ -436,15 +436,16 @@ def logical_records(root: Path, entries: dict[str, dict], where: dict[str, str],
     from pcc.models.base import SAFETENSORS_DTYPES
 
     weights, extras = [], []
+    files = {file: str(root / file) for file in set(where.values())}  # (a path joined per shard, not per tensor)
     for name, entry in entries.items():
         if name in view.encodings or name in view.consumed:
             continue
         if name.endswith(".weight"):
-            weights.append((name, tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]], str(root / where[name])))
+            weights.append((name, tuple(entry["shape"]), SAFETENSORS_DTYPES[entry["dtype"]], files[where[name]]))
         else:
             extras.append(name)
     for name, enc in view.encodings.items():
-        weights.append((name, enc.shape, enc.dtype, str(root / where[enc.parts[0][1]])))
+        weights.append((name, enc.shape, enc.dtype, files[where[enc.parts[0][1]]]))
     return weights, extras
 
 
