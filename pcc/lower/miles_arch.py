@@ -20,11 +20,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-import yaml
-
 from pcc.lang.diagnostics import PccError
 from pcc.models.base import lm_config
-from pcc.resources import data_dir
+from pcc.resources import target_table
 
 DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_5_text"})
 # Qwen3.5/3.6 MoE (the language model a multimodal config nests under text_config): Miles builds its
@@ -47,9 +45,9 @@ class ArchGap(PccError, ValueError):
 
 @functools.cache
 def tables() -> dict:
-    """targets/miles.yaml: the Miles launch tables (pcc.lower.miles reads the same)."""
-    with open(data_dir("targets") / "miles.yaml", encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    """targets/miles.yaml: the Miles launch tables (pcc.lower.miles reads the same), read once, with libyaml
+    where PyYAML has it (pcc.resources.target_table)."""
+    return target_table("miles")
 
 
 @dataclass
