@@ -291,6 +291,10 @@ def open_source(root: str | Path) -> Source:
         weight_map = _json_object(inside(root, INDEX, "checkpoint index"), "checkpoint index").get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ConvertError(f"{root / INDEX}: weight_map must map each tensor name to a shard file name")
+        odd = next((f for f in weight_map.values() if not f.endswith(".safetensors")), None)
+        if odd is not None:  # (the compile's rule: pcc.models.checkpoint._read_index)
+            raise ConvertError(f"{root / INDEX}: names the shard {odd!r}; shards are .safetensors files (no other is "
+                               "read, nor copied as a side file)", code="PCC211")
         files = sorted(set(weight_map.values()))
     else:
         weight_map, files = None, sorted(p.name for p in root.glob("*.safetensors"))

@@ -69,11 +69,11 @@ def wide_mask(plan: Plan) -> list[bool]:
 
 
 @once
-def skip_list(plan: Plan) -> list[str]:
+def skip_list(plan: Plan) -> tuple[str, ...]:
     """Module names (tensor name without '.weight') of the linear operators rollout keeps wide,
     plus SGLang's fused-MoE prefix `model.layers.N.mlp.experts` for layers whose routed experts
     are all wide (the loader asks about that prefix, not about each expert). Once per Plan (every
-    rollout target asks); read-only."""
+    rollout target asks): a tuple, which each config that holds it copies into a list of its own."""
     ops, layout = plan.catalog.operators, checkpoint_layout(plan)
     names, expert_layers = [], {}
     for op, wide in zip(ops, wide_mask(plan)):
@@ -92,7 +92,7 @@ def skip_list(plan: Plan) -> list[str]:
                               hint="quantize the routed experts of every layer")
         if kinds == {True} and layout.quantized:
             names.append(_experts_prefix(plan, layer))
-    return names
+    return tuple(names)
 
 
 def _expert_rule(plan: Plan, layer: int) -> str | None:
@@ -134,7 +134,7 @@ def quantization_config(plan: Plan) -> dict | None:
     layout = checkpoint_layout(plan)
     if layout.members:
         return mixed_config(plan)
-    return layout.quantization_config(rollout_scheme(plan), skip_list(plan), kv_cache_algo(plan))
+    return layout.quantization_config(rollout_scheme(plan), list(skip_list(plan)), kv_cache_algo(plan))
 
 
 def hf_quant_config(plan: Plan) -> dict | None:
@@ -145,7 +145,7 @@ def hf_quant_config(plan: Plan) -> dict | None:
         return {"producer": flat["producer"], "quantization": {
             "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": kv_cache_algo(plan),
             "quantized_layers": flat["quantized_layers"], "exclude_modules": flat["ignore"]}}
-    return layout.hf_quant_config(skip_list(plan), kv_cache_algo(plan))
+    return layout.hf_quant_config(list(skip_list(plan)), kv_cache_algo(plan))
 
 
 # A member's config_groups entry (ModelOpt's export writes one group per algorithm beside quantized_layers;

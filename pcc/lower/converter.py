@@ -127,7 +127,7 @@ def converter_plan(plan: Plan) -> dict:
         "quantization_config": quantization_config(plan), "hf_quant_config": hf_quant_config(plan),
         "kv_cache_quant_algo": kv_cache_algo(plan),
         "recipes": recipes, "tensors": tensors, "copied": extras, "skip": skip,
-        "modules_to_not_convert": skip_list(plan),
+        "modules_to_not_convert": list(skip_list(plan)),
         "sync": _sync(plan, moved, bucket + 1 if tensors and moves == "full_weights" else 0),
     }
 

@@ -203,5 +203,7 @@ def _architecture(operators: tuple[Operator, ...]) -> str:
 
 
 def _natural(tensor: str) -> tuple:
-    """Sort key that puts layer 2 before layer 10."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", tensor))
+    """Sort key that puts layer 2 before layer 10; the name decides between names it reads alike (`x.01` and
+    `x.1`), so the order is the names', never the headers' (a kept converter plan is taken for another
+    checkpoint of the same names)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", tensor)), tensor

@@ -75,7 +75,7 @@ def _past_the_file(header):
 
 @pytest.mark.parametrize("edit,data,words", [
     (_alias, None, r"experts\.[01]\.down_proj\.weight.*overlap"),
-    (_negative, None, r"whole number >= 0|0 <= begin <= end"),
+    (_negative, None, r"0 <= begin <= end"),
     (_gap, lambda body: bytes(16) + body, r"gap"),
     (_past_the_file, None, r"truncated: tensor model\.layers\.9\.extra ends at byte"),
     (lambda h: None, lambda body: body + bytes(24), r"24 bytes after the last tensor"),
@@ -268,6 +268,19 @@ def test_index_naming_a_shard_outside_is_refused(moe, tmp_path, capsys):
     (src / "model.safetensors.index.json").write_text(json.dumps(index))
     code, diags = _convert(capsys, src, contract, tmp_path / "dst")
     assert code == 1 and diags[0]["code"] == "PCC714" and "links to" in diags[0]["message"]
+
+
+def test_index_naming_a_shard_that_is_no_safetensors_file_is_refused(moe, tmp_path, capsys):
+    """The compile's rule (PCC211), now that a conversion's catalog is the opened source's: a shard the index names
+    `shard0.st` is neither read nor copied into the output as a side file (found by a review)."""
+    src, contract = moe
+    os.replace(src / SHARD, src / "shard0.st")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: ("shard0.st" if v == SHARD else v) for k, v in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    code, diags = _convert(capsys, src, contract, tmp_path / "dst")
+    assert code == 1 and diags[0]["code"] == "PCC211" and "'shard0.st'" in diags[0]["message"], diags
+    assert not (tmp_path / "dst").exists()
 
 
 def test_bundle_checked_against_its_manifest(moe, tmp_path, capsys):

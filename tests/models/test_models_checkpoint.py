@@ -273,3 +273,18 @@ def test_index_only_carries_unshaped_other_tensors_as_copied_extras(tmp_path):
     cat = catalog_from_checkpoint(tmp_path)
     assert len(cat.operators) == len(built.operators)
     assert "model.visual.blocks.0.attn.qkv.weight" in cat.extra_tensors
+
+
+def test_the_order_is_the_names_whatever_the_headers():
+    """Names the natural order reads alike (`extra.01`, `extra.1`) are ordered by the name itself: two checkpoints
+    of the same names (one fingerprint) give one catalog whatever order their headers list them in, so a converter
+    plan kept for one is the other's (pcc.convert.plan_cache)."""
+    from pcc.models.catalog import assemble
+
+    built = load_catalog("tiny_moe")
+    weights = [(op.tensor, op.shape, op.dtype, "x") for op in built.operators if op.family != "kv_cache"]
+    names = ["model.extra.01.bias", "model.extra.1.bias", "model.extra.001.bias", "model.extra.2.bias"]
+    one = assemble("m", built.config, weights, names)
+    other = assemble("m", built.config, weights[::-1], names[::-1])
+    assert one.extra_tensors == other.extra_tensors and one.operators == other.operators
+    assert one.extra_tensors[-1] == "model.extra.2.bias"
