@@ -22,7 +22,9 @@ import json
 import math
 import mmap
 import os
+import sys
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +125,44 @@ STAGE_COUNT = 5  # slots in the ring (what a batch of the fast pipeline reserves
 # O_DIRECT wants offsets, lengths and buffer addresses aligned to the device's logical block size;
 # 4096 is a multiple of every size in use, and the staging ring (mmap) is page-aligned.
 _ALIGN = 4096
+
+
+def _ring_memory(size: int) -> tuple[memoryview, bool]:
+    """`size` bytes for the staging ring, and whether they are mapped twice back to back (one memfd, Linux), so
+    a span that runs past the ring's end is one view of [at, at + nbytes) and is written in place. Elsewhere, or
+    where the mapping fails, one anonymous mapping, and such a span is bounced (ShardWriter._claim). Unmapped
+    once the last view of it is gone."""
+    if sys.platform == "linux" and hasattr(os, "memfd_create") and size % mmap.PAGESIZE == 0:
+        try:
+            return _twice(size), True
+        except (OSError, AttributeError):
+            pass
+    return memoryview(mmap.mmap(-1, size)), False  # (zero pages until first written)
+
+
+def _twice(size: int) -> memoryview:
+    libc = ctypes.CDLL(None, use_errno=True)
+    map_, unmap = libc.mmap, libc.munmap
+    map_.restype, map_.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                                    ctypes.c_int, ctypes.c_long]
+    unmap.restype, unmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.memfd_create("pcc-ring", getattr(os, "MFD_CLOEXEC", 1))
+    try:
+        os.ftruncate(fd, size)
+        base = map_(None, 2 * size, mmap.PROT_NONE if hasattr(mmap, "PROT_NONE") else 0,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # the address range, reserved
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap")
+        for half in (base, base + size):  # the file over each half (MAP_FIXED: 0x10 on Linux)
+            if map_(half, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | 0x10, fd, 0) != half:
+                err = ctypes.get_errno()
+                unmap(base, 2 * size)
+                raise OSError(err, "mmap")
+    finally:
+        os.close(fd)  # (the mappings hold the file)
+    memory = (ctypes.c_char * (2 * size)).from_address(base)
+    weakref.finalize(memory, unmap, base, 2 * size)
+    return memoryview(memory).cast("B")
 
 
 def _open_direct(path: Path) -> int | None:
@@ -265,7 +305,8 @@ class ShardWriter:
         self._slot, self._count = STAGE_BYTES, STAGE_COUNT
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
-        self._ring: memoryview | None = None  # made at the first reservation (never closed: views outlive it)
+        self._ring: memoryview | None = None  # made at the first reservation (`_ring_memory`)
+        self._doubled = False  # the ring mapped twice back to back: a span past its end is written in place
         self._lock = threading.Condition()
         self._sent: dict[int, list] = {}  # slot number (stream position // slot) -> (its hash and write, the file)
         self._submitted = 0  # slots [0, _submitted) sent to the disk (or unused, between shards)
@@ -313,7 +354,7 @@ class ShardWriter:
         if self._shard is not None and self._pos != len(self._shard.names):
             raise ConvertError(f"{self._shard.file}: left incomplete")
         if self._ring is None:
-            self._ring = memoryview(mmap.mmap(-1, self._slot * self._count))  # (zero pages until first written)
+            self._ring, self._doubled = _ring_memory(self._slot * self._count)
         self._at = self._start = -(-self._at // self._slot) * self._slot
         self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))
         self._shard, self._pos = shard, 0
@@ -324,12 +365,14 @@ class ShardWriter:
         return header
 
     def _claim(self, nbytes: int, stop) -> Span | None:
-        """The next `nbytes` of the stream: a view of the ring once its slots are free, else bounced (wrapping the
-        ring's end, or needing a slot whose bytes wait for spans not yet handed off: waiting would never end)."""
+        """The next `nbytes` of the stream: a view of the ring once its slots are free (past its end, the second
+        mapping of a doubled ring), else bounced (wrapping the end of a ring mapped once, or needing a slot whose
+        bytes wait for spans not yet handed off: waiting would never end)."""
         start, ring = self._at, self._slot * self._count
         self._at += nbytes
         at, slots = start % ring, range(start // self._slot, -(-(start + nbytes) // self._slot))
-        if at + nbytes > ring or any((k - self._count + 1) * self._slot > self._handed for k in slots):
+        wraps = at + nbytes > ring and not (self._doubled and nbytes <= ring)
+        if wraps or any((k - self._count + 1) * self._slot > self._handed for k in slots):
             return Span(start, start + nbytes, memoryview(bytearray(nbytes)), True)
         for k in slots:
             if not self._ready(k, stop):
