@@ -149,8 +149,7 @@ def _twice(size: int) -> memoryview:
     fd = os.memfd_create("pcc-ring", getattr(os, "MFD_CLOEXEC", 1))
     try:
         os.ftruncate(fd, size)
-        base = map_(None, 2 * size, mmap.PROT_NONE if hasattr(mmap, "PROT_NONE") else 0,
-                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # the address range, reserved
+        base = map_(None, 2 * size, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # reserved (PROT_NONE)
         if base in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap")
         for half in (base, base + size):  # the file over each half (MAP_FIXED: 0x10 on Linux)
