@@ -20,7 +20,6 @@ ns/element counts BF16 weights. Compare two trees by running this file under eac
 from __future__ import annotations
 
 import argparse
-import ctypes
 import mmap
 import os
 import tempfile
@@ -30,12 +29,9 @@ import numpy as np
 from machine import machine, order
 
 from pcc import fused
+from pcc.convert.shards import buffer_address as _address
 
 ROWS, COLS, BLOCK = 384, 1024, 128
-
-
-def _address(buf) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 def main() -> None:

@@ -236,9 +236,9 @@ _MAGNITUDE_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes
 # source element -> (its IR type, how it becomes its value's float32 bits, the integer type of its magnitude bits
 # and how they are taken, how a maximum of them becomes float32 bits): a BF16 amax is taken on its 16 bits (they
 # order as the values do), twice the lanes per vector of widening each element first
+_BF16_BITS = "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"  # a BF16 is a float32's top 16 bits
 _ELEMENTS = {
-    "bf16": ("i16", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16", "i16",
-             "{t} = and i16 {v}, 32767", "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"),
+    "bf16": ("i16", _BF16_BITS, "i16", "{t} = and i16 {v}, 32767", _BF16_BITS),
     "f32": ("float", "{t} = bitcast float {v} to i32", "i32",
             "{t}.i = bitcast float {v} to i32\n  {t} = and i32 {t}.i, 2147483647", "{t} = add i32 {v}, 0"),
 }
