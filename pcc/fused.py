@@ -11,10 +11,10 @@ torch applies), all in loops over whole rows that LLVM vectorizes. Eager torch m
 chunk for the same codes (the magnitude bits, their max, a float32 copy, the division, the cast): on one core
 here 1.7-1.9 ns per element against 0.6-0.8 (docs/numerics.md "Speed").
 
-The kernel is LLVM IR (`_IR`), compiled once per process when first used (about 0.05 s, against numba's
-0.5 s to import and load a cached kernel, which ate the gain; its object code is then kept in the user cache
-and loaded from there: `_cache_read`), and called through ctypes, which lets go of
-the GIL. Codes and scales are bit for bit the torch path's: the rounding on every float32 magnitude below
+The kernel is LLVM IR (`_IR`), compiled when first used (about 0.05 s, against numba's 0.5 s to import and
+load a cached kernel, which ate the gain); its object code is kept in the user cache and later processes load
+it from there without LLVM (`_cache_read`, `pcc.objcode`: a millisecond). It is called through ctypes, which
+lets go of the GIL. Codes and scales are bit for bit the torch path's: the rounding on every float32 magnitude below
 E4M3's NaN threshold in steps and around every rounding boundary, the scale of every BF16 amax, and whole
 tensors (tests/numerics/test_fused.py). `PCC_FUSED=0` turns it off. A block holding NaN or inf is reported,
 not quantized: the caller takes the torch path, whose error names the block.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 
 _LOCK = threading.Lock()
@@ -272,24 +273,38 @@ def kernel(element: str):
 
 
 def available() -> bool:
-    """Can kernels be compiled here (llvmlite importable, PCC_FUSED not 0)?"""
+    """Can kernels be had here (llvmlite installed, PCC_FUSED not 0)? Importing llvmlite's LLVM waits until a
+    kernel is compiled: one already in the cache is loaded without it (`pcc.objcode`)."""
     if os.environ.get("PCC_FUSED", "1") == "0":
         return False
     try:
-        import llvmlite.binding  # noqa: F401
+        import llvmlite  # noqa: F401  (its version only; its binding loads LLVM, 25-40 ms)
     except ImportError:
         return False
     return True
 
 
 _ENGINES: list = []  # the JITs holding the machine code; alive as long as the process
+# each kernel's functions, as its module defines them
+_FUNCTIONS = {"bf16": ("fp8_blocks_bf16",), "f32": ("fp8_blocks_f32",),
+              "magnitude": tuple(f"magnitude_max_{w}" for w in _MAGNITUDE)}
 
 
 def _compile(element: str):
     if not available():
         return None
     try:
-        return _jit(element)
+        text = _DECLARE + _module(element)
+        key = _host_key(text)
+        cached = _cache_read(key) if key is not None else None
+        if cached is not None:
+            from pcc import objcode
+
+            try:
+                return _functions(element, objcode.load(cached, _FUNCTIONS[element]))
+            except objcode.ObjectError:  # (not an object it takes: LLVM loads it)
+                pass
+        return _jit(element, text, key, cached)
     except Exception as err:  # an llvmlite whose API or LLVM differs: the torch path, said once
         import warnings
 
@@ -297,18 +312,25 @@ def _compile(element: str):
         return None
 
 
-def _jit(element: str):
+def _functions(element: str, address: dict[str, int]):
+    if element == "magnitude":
+        return {w: _MAGNITUDE_SIGNATURE(address[f"magnitude_max_{w}"]) for w in _MAGNITUDE}
+    return _SIGNATURE(address[f"fp8_blocks_{element}"])
+
+
+def _jit(element: str, text: str, key: bytes | None, cached: bytes | None):
+    """The kernel compiled by LLVM (MCJIT), or its cached object code loaded by it."""
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
-    text = _DECLARE + _module(element)
     module = llvm.parse_assembly(text)  # MCJIT finds the functions by the module, cached code or not
     module.verify()
-    key = _cache_key(text, machine.triple, cpu, features, llvm.llvm_version_info)
-    cached = _cache_read(key)
+    if key is None:  # (no /proc/cpuinfo: the host as LLVM sees it)
+        key = _cache_key(text, machine.triple, cpu, features, llvm.llvm_version_info)
+        cached = _cache_read(key)
     if cached is None:
         tuning = llvm.create_pipeline_tuning_options(speed_level=3)
         tuning.loop_vectorization = True
@@ -319,18 +341,48 @@ def _jit(element: str):
     engine.set_object_cache(lambda _, obj: _cache_write(key, obj), lambda _: cached)
     engine.finalize_object()
     _ENGINES.append(engine)
-    if element == "magnitude":
-        return {w: _MAGNITUDE_SIGNATURE(engine.get_function_address(f"magnitude_max_{w}")) for w in _MAGNITUDE}
-    return _SIGNATURE(engine.get_function_address(f"fp8_blocks_{element}"))
+    return _functions(element, {name: engine.get_function_address(name) for name in _FUNCTIONS[element]})
 
 
 # The machine code of each kernel is kept in the user cache (`pcc.resources.cache_dir("kernels")`): the passes
-# and code generation are 0.05-0.09 s of every conversion, loading it a millisecond. An entry is named by a
-# hash of all that shapes the code (the IR, target triple, CPU name and features, LLVM and llvmlite versions,
-# the passes' settings) and holds that hash and the SHA-256 of the object code before it: an entry that is
-# damaged, short, or another key's is not loaded, the kernel is compiled and the entry rewritten.
+# and code generation are 0.05-0.09 s of every conversion, loading it through llvmlite 0.05, through
+# `pcc.objcode` a millisecond. An entry is named by a hash of all that shapes the code (the IR, the LLVM of this
+# llvmlite, the passes' settings, the target and its CPU) and holds that hash and the SHA-256 of the object
+# code before it: an entry that is damaged, short, or another key's is not loaded, the kernel is compiled and
+# the entry rewritten. On Linux the CPU is /proc/cpuinfo's (`_host`: the model and feature flags that LLVM's
+# host detection reads too, through CPUID), so that a cached kernel is found without loading LLVM; elsewhere it
+# is the CPU name and features LLVM detects.
 _CACHE_MAGIC = b"pcc-kernel-1\n"
 _PASSES = "speed_level=3 loop_vectorization slp_vectorization opt=3"
+# the /proc/cpuinfo fields that name a CPU and what it offers (x86, then Arm); not its clock, cores or microcode
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags",
+               "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision", "Features")
+
+
+def _host() -> str | None:
+    """This CPU as Linux describes it (its first processor's model and feature flags), or None."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                name, _, value = line.partition(":")
+                fields[name.strip()] = value.strip()
+    except OSError:
+        return None
+    if "flags" not in fields and "Features" not in fields:
+        return None
+    return "\n".join(f"{name}: {fields[name]}" for name in _CPU_FIELDS if name in fields)
+
+
+def _host_key(text: str) -> bytes | None:
+    """The cache key of the kernel `text` on this machine, where /proc/cpuinfo names its CPU; else None."""
+    host = _host()
+    if host is None:
+        return None
+    uname = os.uname()
+    return _cache_key(text, "cpuinfo", sys.platform, uname.sysname, uname.machine, host)
 
 
 def _cache_key(text: str, *machine) -> bytes:

@@ -21,6 +21,7 @@ PCC = ROOT / "pcc"
 STAGES = [
     "pcc",        # __version__
     "resources",  # the data folders (grammar, schemas, contracts, targets)
+    "objcode",    # a kernel's cached object code loaded without LLVM (ELF, x86-64)
     "fused",      # the LLVM block-FP8 kernel: no torch, no numpy (numerics and convert's torch-free path)
     "lang",       # parser, spans, diagnostics, formatter
     "contract",   # the pydantic model; the scheme defined once
