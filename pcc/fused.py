@@ -6,8 +6,9 @@ E4M3 scaled by float32 blocks, rows or runs (`fp8_block`, `fp8_row`) of BF16 or 
 row at a time: each column's max magnitude over the block row's rows (integer max of the magnitude bits, a
 BF16's 16 of them: twice the lanes per vector),
 each block's scale amax / 448 (at least the smallest normal, 1 for an all-zero block), then every element
-divided by its block's scale in float32 and rounded to E4M3 by c10's float -> Float8_e4m3fn rule (the cast
-torch applies), all in loops over whole rows that LLVM vectorizes. Eager torch makes five passes over each
+divided by its block's scale in float32 (for BF16, the same quotient as a product by the scale's reciprocal
+and one exact correction: `_MARKSTEIN`) and rounded to E4M3 by c10's float -> Float8_e4m3fn rule (the cast
+torch applies), all in loops over whole rows that LLVM vectorizes, 512 bits wide where the CPU has them. Eager torch makes five passes over each
 chunk for the same codes (the magnitude bits, their max, a float32 copy, the division, the cast): on one core
 here 1.7-1.9 ns per element against 0.6-0.8 (docs/numerics.md "Speed").
 
@@ -33,15 +34,20 @@ _KERNELS: dict = {}  # source element -> its ctypes function, or None where llvm
 # c10's float -> Float8_e4m3fn for |y|'s float32 bits %fa (sign %sign): at or above bits(480.0) NaN (0x7F; not
 # reached: the scale bounds |x/s| by 448 (1 + 2^-22)); below bits(2^-6) the FPU rounds |y| + 2^14 and the
 # low byte of its bits less bits(2^14) is the code; else (f - (120 << 23) + 0x7FFFF + mantissa bit 20) >> 20.
+# The kernels' loops in 512-bit vectors where the CPU has them (LLVM's tuning for Intel's server cores prefers
+# 256-bit ones, for the whole program's clock): the same operations on twice the lanes, 10% less time per weight
+# on an Emerald Rapids core (docs/numerics.md "Speed"); where vectors are narrower, the widest there are.
 _DECLARE = """
+attributes #0 = { "prefer-vector-width"="512" }
 declare i32 @llvm.umax.i32(i32, i32)
 declare i16 @llvm.umax.i16(i16, i16)
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
+declare float @llvm.fma.f32(float, float, float)
 """
 _IR = """
 define i64 @fp8_blocks(ptr noalias nocapture readonly %x, ptr noalias nocapture %codes,
                        ptr noalias nocapture %scales, i64 %rows, i64 %cols, i64 %R, i64 %C, i64 %first,
-                       i64 %stop, ptr noalias nocapture %colmax, ptr noalias nocapture %colscale) {
+                       i64 %stop, ptr noalias nocapture %colmax, ptr noalias nocapture %colscale) #0 {
 entry:
   %nbc.0 = add i64 %cols, %C
   %nbc.1 = sub i64 %nbc.0, 1
@@ -91,6 +97,7 @@ amax.row.done:
 
 blocks.head:
   %j = phi i64 [0, %amax.row], [%j.next, %fill.done]
+  %tiny = phi i1 [false, %amax.row], [%tiny.next, %fill.done]
   %j.more = icmp slt i64 %j, %nbc
   br i1 %j.more, label %blocks.body, label %codes.start
 
@@ -125,14 +132,20 @@ scale:
   %s.1 = select i1 %small, float 0x3810000000000000, float %s.0
   %zero = icmp eq i32 %bmf, 0
   %s = select i1 %zero, float 1.000000e+00, float %s.1
+  %s.tiny = fcmp olt float %s, 0x3BF0000000000000
+  %tiny.next = or i1 %tiny, %s.tiny
   %ps = getelementptr float, ptr %scales, i64 %sidx
   store float %s, ptr %ps
+  %rcp = fdiv float 1.000000e+00, %s
   br label %fill
 
 fill:
   %f = phi i64 [%c0, %scale], [%f.next, %fill]
   %pf = getelementptr float, ptr %colscale, i64 %f
   store float %s, ptr %pf
+  %f.r = add i64 %f, %cols
+  %pfr = getelementptr float, ptr %colscale, i64 %f.r
+  store float %rcp, ptr %pfr
   %f.next = add i64 %f, 1
   %f.more = icmp slt i64 %f.next, %c1
   br i1 %f.more, label %fill, label %fill.done
@@ -142,9 +155,20 @@ fill.done:
   br label %blocks.head
 
 codes.start:
-  br label %codes.row
+CODES_LOOPS
+codes.done:
+  %br.next = add i64 %br, 1
+  br label %br.head
 
-codes.row:
+ret.ok:
+  ret i64 -1
+
+ret.bad:
+  ret i64 %sidx
+}
+"""
+# the codes loop over a block row's rows (`_codes_loop`): one copy with QUOTIENT as the element's, one dividing
+_CODES = """codes.row:
   %i2 = phi i64 [%a, %codes.start], [%i2.next, %codes.row.done]
   %i2.more = icmp slt i64 %i2, %b
   br i1 %i2.more, label %codes.row.body, label %codes.done
@@ -162,10 +186,10 @@ codes.col:
   %xf = bitcast i32 %w2 to float
   %pcs = getelementptr float, ptr %colscale, i64 %e
   %sc = load float, ptr %pcs
-  %y = fdiv float %xf, %sc
+  QUOTIENT(%xf, %sc, %y)
   %yb = bitcast float %y to i32
-  %sign = and i32 %yb, -2147483648
-  %fa = xor i32 %yb, %sign
+  %sign = and i32 %w2, -2147483648
+  %fa = and i32 %yb, 2147483647
   %odd.0 = lshr i32 %fa, 20
   %odd = and i32 %odd.0, 1
   %n.0 = add i32 %fa, -1006632960
@@ -193,21 +217,11 @@ codes.row.done:
   %i2.next = add i64 %i2, 1
   br label %codes.row
 
-codes.done:
-  %br.next = add i64 %br, 1
-  br label %br.head
-
-ret.ok:
-  ret i64 -1
-
-ret.bad:
-  ret i64 %sidx
-}
 """
 # the largest magnitude (bits & mask) of n 16- or 32-bit floats: for x >= 0 the bits order as the values do, so
 # it is at or above the format's inf exactly where NaN or inf is present (the check of tensors copied as stored)
 _MAGNITUDE_IR = """
-define i32 @magnitude_max_$W(ptr noalias nocapture readonly %x, i64 %n) {
+define i32 @magnitude_max_$W(ptr noalias nocapture readonly %x, i64 %n) #0 {
 entry:
   %empty = icmp sle i64 %n, 0
   br i1 %empty, label %none, label %loop
@@ -238,25 +252,55 @@ _MAGNITUDE_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes
 # and how they are taken, how a maximum of them becomes float32 bits): a BF16 amax is taken on its 16 bits (they
 # order as the values do), twice the lanes per vector of widening each element first
 _BF16_BITS = "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"  # a BF16 is a float32's top 16 bits
+# x / s rounded to float32 ({x} / {s} into {y}): a division, or for a BF16 x the product by s's reciprocal
+# (rounded; colscale's second half) corrected once by the exact residual x - q s (Markstein's iteration, two
+# FMAs): the same codes for every BF16 x and every scale of at least 2^-64 a block of BF16 can have, all 1.07
+# billion pairs compared with ml_dtypes (bench/kernel_exhaustive.py). Below 2^-64 the residual can underflow
+# (206 pairs differed, at amax near 2^-117), so a block row holding such a block divides (`_module`). The
+# division's throughput bounded the loop: 0.34 ns per weight against 0.40 dividing (bench/kernel.py, one core).
+_DIVIDE = "{y} = fdiv float {x}, {s}"
+_MARKSTEIN = """{y}.c = add i64 %e, %cols
+  {y}.p = getelementptr float, ptr %colscale, i64 {y}.c
+  {y}.r = load float, ptr {y}.p
+  {y}.q = fmul float {x}, {y}.r
+  {y}.n = fneg float {y}.q
+  {y}.e = call float @llvm.fma.f32(float {y}.n, float {s}, float {x})
+  {y} = call float @llvm.fma.f32(float {y}.e, float {y}.r, float {y}.q)"""
 _ELEMENTS = {
-    "bf16": ("i16", _BF16_BITS, "i16", "{t} = and i16 {v}, 32767", _BF16_BITS),
+    "bf16": ("i16", _BF16_BITS, "i16", "{t} = and i16 {v}, 32767", _BF16_BITS, _MARKSTEIN),
     "f32": ("float", "{t} = bitcast float {v} to i32", "i32",
-            "{t}.i = bitcast float {v} to i32\n  {t} = and i32 {t}.i, 2147483647", "{t} = add i32 {v}, 0"),
+            "{t}.i = bitcast float {v} to i32\n  {t} = and i32 {t}.i, 2147483647", "{t} = add i32 {v}, 0", _DIVIDE),
 }
 _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 6,
                               *[ctypes.c_void_p] * 2)
+
+
+def _codes_loop(suffix: str, quotient: str, widen: str) -> str:
+    """`_CODES` with `quotient` (and the element's `widen`), its labels and values named apart by `suffix`."""
+    import re
+
+    text = _CODES.replace("QUOTIENT(%xf, %sc, %y)", quotient.format(x="%xf", s="%sc", y="%y"))
+    text = text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
+    text = re.sub(r"(%?)codes\.(row|col)", rf"\1codes{suffix}.\2", text)
+    defined = set(re.findall(r"^\s*(%[\w.]+) =", text, re.M))
+    return re.sub(r"%[\w.]+", lambda m: m[0] + suffix if m[0] in defined else m[0], text)
 
 
 def _module(element: str) -> str:
     if element == "magnitude":
         return "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
                        for w, (widen, mask) in _MAGNITUDE.items())
-    ir_type, widen, mag_type, mag, bits = _ELEMENTS[element]
-    text = _IR.replace("@fp8_blocks", f"@fp8_blocks_{element}").replace("ELT", ir_type)
+    ir_type, widen, mag_type, mag, bits, quotient = _ELEMENTS[element]
+    if quotient == _DIVIDE:
+        loops = "  br label %codes.m.row\n\n" + _codes_loop(".m", quotient, widen)
+    else:  # (a block row with a tiny scale divides: there the residual of Markstein's step would underflow)
+        loops = "  br i1 %tiny, label %codes.d.row, label %codes.m.row\n\n" + _codes_loop(".m", quotient, widen) \
+            + _codes_loop(".d", _DIVIDE, widen)
+    text = _IR.replace("CODES_LOOPS", loops).replace("@fp8_blocks", f"@fp8_blocks_{element}").replace("ELT", ir_type)
     text = text.replace("MAGTBYTES", str(int(mag_type[1:]) // 8)).replace("MAGT", mag_type)
     text = text.replace("MAG(%v, %mag)", mag.format(v="%v", t="%mag"))
     text = text.replace("BITS(%bm.1, %bmf)", bits.format(v="%bm.1", t="%bmf"))
-    return text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
+    return text
 
 
 def kernel(element: str):
@@ -442,7 +486,8 @@ def fp8_fp32_blocks(element: str, x: int, codes: int, scales: int, rows: int, co
     `x` into E4M3 bytes at `codes` (row-major, the same shape) and float32 scales at `scales` (row-major
     [ceil(rows / block_rows), ceil(cols / block_cols)]); -1, or the flat index of a scale block holding NaN or
     inf (quantizing stopped there). Runs without the GIL; `kernel(element)` must not be None."""
-    scratch = ctypes.create_string_buffer(8 * cols)  # each column's max magnitude, then its block's scale
+    scratch = ctypes.create_string_buffer(12 * cols)  # each column's max magnitude, then its block's scale and
+    # that scale's reciprocal
     at = ctypes.addressof(scratch)
     return kernel(element)(x, codes, scales, rows, cols, block_rows, block_cols, first, stop, at, at + 4 * cols)
 

@@ -53,7 +53,7 @@ def test_the_loaded_kernel_is_ml_dtypes_rounding(objects):
     x = _weights()
     x[3, 200] = ml_dtypes.bfloat16(np.nan)  # in block (0, 1): reported, quantizing stops there
     codes, scales = np.zeros((ROWS, COLS), np.uint8), np.zeros((ROWS // BLOCK, COLS // BLOCK), np.float32)
-    scratch = ctypes.create_string_buffer(8 * COLS)
+    scratch = ctypes.create_string_buffer(12 * COLS)
     at = ctypes.addressof(scratch)
     assert fn(_at(x), _at(codes), _at(scales), ROWS, COLS, BLOCK, BLOCK, 0, 2, at, at + 4 * COLS) == 1
     assert fn(_at(x), _at(codes), _at(scales), ROWS, COLS, BLOCK, BLOCK, 1, 2, at, at + 4 * COLS) == -1
