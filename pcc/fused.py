@@ -282,7 +282,7 @@ def _codes_loop(suffix: str, quotient: str, widen: str) -> str:
     text = _CODES.replace("QUOTIENT(%xf, %sc, %y)", quotient.format(x="%xf", s="%sc", y="%y"))
     text = text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
     text = re.sub(r"(%?)codes\.(row|col)", rf"\1codes{suffix}.\2", text)
-    defined = set(re.findall(r"^\s*(%[\w.]+) =", text, re.M))
+    defined = set(re.findall(r"^\s*(%[\w.]+) =", text, re.MULTILINE))
     return re.sub(r"%[\w.]+", lambda m: m[0] + suffix if m[0] in defined else m[0], text)
 
 
