@@ -291,6 +291,8 @@ def _module(element: str) -> str:
         return "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
                        for w, (widen, mask) in _MAGNITUDE.items())
     ir_type, widen, mag_type, mag, bits, quotient = _ELEMENTS[element]
+    if quotient != _DIVIDE and not _fma():
+        quotient = _DIVIDE
     if quotient == _DIVIDE:
         loops = "  br label %codes.m.row\n\n" + _codes_loop(".m", quotient, widen)
     else:  # (a block row with a tiny scale divides: there the residual of Markstein's step would underflow)
@@ -372,7 +374,7 @@ def _jit(element: str, text: str, key: bytes | None, cached: bytes | None):
     machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
     module = llvm.parse_assembly(text)  # MCJIT finds the functions by the module, cached code or not
     module.verify()
-    if key is None:  # (no /proc/cpuinfo: the host as LLVM sees it)
+    if key is None or (cached is None and not _listed(features)):  # the host as LLVM sees it names the code
         key = _cache_key(text, machine.triple, cpu, features, llvm.llvm_version_info)
         cached = _cache_read(key)
     if cached is None:
@@ -399,6 +401,8 @@ def _jit(element: str, text: str, key: bytes | None, cached: bytes | None):
 _CACHE_MAGIC = b"pcc-kernel-1\n"
 _PASSES = "speed_level=3 loop_vectorization slp_vectorization opt=3"
 # the /proc/cpuinfo fields that name a CPU and what it offers (x86, then Arm); not its clock, cores or microcode
+# LLVM host features the kernels' code may use, which /proc/cpuinfo must list too for its key (`_listed`)
+_KEY_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl")
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags",
                "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision", "Features")
 
@@ -418,6 +422,27 @@ def _host() -> str | None:
     if "flags" not in fields and "Features" not in fields:
         return None
     return "\n".join(f"{name}: {fields[name]}" for name in _CPU_FIELDS if name in fields)
+
+
+def _flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, Arm `Features`); empty elsewhere."""
+    host = _host() or ""
+    return {word for line in host.splitlines() if line.startswith(("flags:", "Features:"))
+            for word in line.split(":", 1)[1].split()}
+
+
+def _listed(features: str) -> bool:
+    """Does /proc/cpuinfo list every vector feature LLVM found on this host (so that code compiled for LLVM's
+    view may be kept under the cpuinfo key)? Not where a kernel or hypervisor hides one from Linux."""
+    flags = _flags()
+    return all(f"+{name}" not in features.split(",") or name in flags for name in _KEY_FEATURES)
+
+
+def _fma() -> bool:
+    """Has this CPU fused multiply-add (x86 `fma`; every 64-bit Arm core)? Markstein's step needs it: elsewhere
+    `llvm.fma` is a libm call per element, and the kernel divides."""
+    flags = _flags()
+    return "fma" in flags or ("asimd" in flags and os.uname().machine in ("aarch64", "arm64"))
 
 
 def _host_key(text: str) -> bytes | None:

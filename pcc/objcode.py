@@ -25,6 +25,7 @@ _WRITE, _ALLOC, _EXEC = 0x1, 0x2, 0x4
 _R_64, _R_PC32, _R_PLT32 = 1, 2, 4
 _SHN_UNDEF, _SHN_LORESERVE, _SHN_ABS = 0, 0xFF00, 0xFFF1
 _LIBC = ("memset", "memcpy", "memmove")
+_MAX_BYTES = 16 << 20  # what a kernel's sections may take in all (pcc's take a few KiB)
 _KEPT: list = []  # the mappings holding loaded code: alive as long as the process (as MCJIT's engines were)
 
 
@@ -42,6 +43,8 @@ def load(obj: bytes, names: tuple[str, ...]) -> dict[str, int]:
         raise
     except (struct.error, ValueError, IndexError) as err:  # (offsets past the end, a name without its NUL)
         raise ObjectError(f"malformed: {err}") from None
+    except OSError as err:  # (the mapping or its protection refused)
+        raise ObjectError(f"cannot map: {err}") from None
 
 
 def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
@@ -66,8 +69,8 @@ def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
             raise ObjectError(f"section {i}: alignment {align}")
         end = -(-end // align) * align
         place[i], end = end, end + size
-    if not place or end == 0:
-        raise ObjectError("nothing to load")
+    if not place or not 0 < end <= _MAX_BYTES:
+        raise ObjectError(f"sections of {end} bytes in all")
     length = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
     memory = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -101,7 +104,7 @@ def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
     if missing:
         raise ObjectError(f"functions not defined: {missing}")
     if _libc().mprotect(ctypes.c_void_p(base), ctypes.c_size_t(length), mmap.PROT_READ | mmap.PROT_EXEC) != 0:
-        raise ObjectError(f"mprotect: errno {ctypes.get_errno()}")
+        raise OSError(ctypes.get_errno(), "mprotect")
     _KEPT.append((memory, window))
     return {name: functions[name] for name in names}
 
@@ -115,7 +118,7 @@ def _symbols(obj: memoryview, sections: list, place: dict, base: int) -> tuple[d
     strtab = sections[link]
     names = bytes(obj[strtab[4]:strtab[4] + strtab[5]])
     out, functions = {}, {}
-    for index, (name_at, st_info, _, shndx, value, _) in enumerate(_SYM.iter_unpack(obj[offset:offset + size])):
+    for index, (name_at, st_info, _, shndx, value, length) in enumerate(_SYM.iter_unpack(obj[offset:offset + size])):
         name = names[name_at:names.index(b"\0", name_at)].decode("ascii", "replace") if name_at else ""
         if shndx == _SHN_UNDEF:
             if index == 0:
@@ -126,6 +129,8 @@ def _symbols(obj: memoryview, sections: list, place: dict, base: int) -> tuple[d
         elif shndx == _SHN_ABS:
             address = value
         elif shndx in place:
+            if value + length > sections[shndx][5]:
+                raise ObjectError(f"symbol {name!r} runs past its section")
             address = base + place[shndx] + value
         elif shndx < _SHN_LORESERVE:  # (a symbol of a section not loaded: no relocation may use it)
             continue

@@ -122,13 +122,26 @@ def _damage(obj: bytes, how: str) -> bytes:
     elif how == "symbol":  # the call to memset bound to another C library function
         at = b.index(b"\0memset\0") + 1
         b[at:at + 6] = b"system"
+    elif how == "huge":  # a read-only data section made NOBITS of 2^62 bytes (zeros it would map)
+        at = next(header for header, _, kind, flags, *_ in _sections(obj) if kind == 1 and not flags & 0x4
+                  and flags & 0x2)
+        struct.pack_into("<I", b, at + 4, 8)
+        struct.pack_into("<Q", b, at + 32, 1 << 62)
+    elif how == "past":  # the function's value past the end of its section
+        strtab_at = b.index(b"\0fp8_blocks_bf16\0") + 1
+        symtab = next((offset, size) for _, _, kind, _, _, offset, size, *_ in _sections(obj) if kind == 2)
+        for at in range(symtab[0], symtab[0] + symtab[1], 24):
+            name_at = struct.unpack_from("<I", b, at)[0]
+            strtab = next(offset for _, _, kind, _, _, offset, *_ in _sections(obj) if kind == 3)
+            if strtab + name_at == strtab_at:
+                struct.pack_into("<Q", b, at + 8, 0x7000_0000_0000)
     elif how == "writable":
         at = next(header for header, _, kind, flags, *_ in _sections(obj) if kind == 1 and flags & 0x4)
         struct.pack_into("<Q", b, at + 8, struct.unpack_from("<Q", b, at + 8)[0] | 0x1)
     return bytes(b)
 
 
-@pytest.mark.parametrize("how", ["machine", "short", "relocation", "symbol", "writable"])
+@pytest.mark.parametrize("how", ["machine", "short", "relocation", "symbol", "huge", "past", "writable"])
 def test_what_it_does_not_take_is_refused(objects, how):
     with pytest.raises(objcode.ObjectError):
         objcode.load(_damage(objects["bf16"], how), ("fp8_blocks_bf16",))
@@ -156,6 +169,19 @@ def test_fused_loads_a_refused_entry_through_llvm(objects, tmp_path, monkeypatch
     x = _weights()
     assert got[16](_at(x), x.size) == int((x.view(np.uint16) & 0x7FFF).max())
     assert entry.stat().st_ino == before
+
+
+def test_code_for_features_linux_does_not_list_is_kept_under_llvms_key(monkeypatch):
+    """A feature LLVM finds that /proc/cpuinfo does not list (hidden by a kernel or hypervisor) keeps compiled code
+    out of the cpuinfo key; and without FMA the kernel divides (no libm call per element)."""
+    features = "+avx,+avx2,+fma,+avx512f"
+    monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu avx avx2 fma avx512f")
+    assert fused._listed(features) and fused._fma()
+    assert "llvm.fma.f32(float %y.e.m" in fused._module("bf16")
+    monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu avx avx2")
+    assert not fused._listed(features) and not fused._fma()
+    text = fused._module("bf16")
+    assert "@llvm.fma.f32(float %" not in text and "%y.m = fdiv float %xf.m, %sc.m" in text
 
 
 def test_the_key_names_the_cpu(monkeypatch):
