@@ -36,9 +36,10 @@ _KERNELS: dict = {}  # source element -> its ctypes function, or None where llvm
 # low byte of its bits less bits(2^14) is the code; else (f - (120 << 23) + 0x7FFFF + mantissa bit 20) >> 20.
 # The kernels' loops in 512-bit vectors where the CPU has them (LLVM's tuning for Intel's server cores prefers
 # 256-bit ones, for the whole program's clock): the same operations on twice the lanes, 10% less time per weight
-# on an Emerald Rapids core (docs/numerics.md "Speed"); where vectors are narrower, the widest there are.
+# on an Emerald Rapids core (docs/numerics.md "Speed"); where vectors are narrower, the widest there are; 256 bits
+# on the cores whose clock drops for 512-bit code (`_wide`).
 _DECLARE = """
-attributes #0 = { "prefer-vector-width"="512" }
+attributes #0 = { "prefer-vector-width"="WIDTH" }
 declare i32 @llvm.umax.i32(i32, i32)
 declare i16 @llvm.umax.i16(i16, i16)
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
@@ -287,11 +288,14 @@ def _codes_loop(suffix: str, quotient: str, widen: str) -> str:
 
 
 def _module(element: str) -> str:
+    """The LLVM module of a kernel, for this CPU (its vector width, its quotient)."""
+    wide = _wide()
+    head = _DECLARE.replace("WIDTH", "512" if wide else "256")
     if element == "magnitude":
-        return "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
+        return head + "".join(_MAGNITUDE_IR.replace("$WIDEN", widen).replace("$W", str(w)).replace("$MASK", str(mask))
                        for w, (widen, mask) in _MAGNITUDE.items())
     ir_type, widen, mag_type, mag, bits, quotient = _ELEMENTS[element]
-    if quotient != _DIVIDE and not _fma():
+    if quotient != _DIVIDE and not (_fma() and wide):  # (at 256 bits it was slower than the division here)
         quotient = _DIVIDE
     if quotient == _DIVIDE:
         loops = "  br label %codes.m.row\n\n" + _codes_loop(".m", quotient, widen)
@@ -302,7 +306,7 @@ def _module(element: str) -> str:
     text = text.replace("MAGTBYTES", str(int(mag_type[1:]) // 8)).replace("MAGT", mag_type)
     text = text.replace("MAG(%v, %mag)", mag.format(v="%v", t="%mag"))
     text = text.replace("BITS(%bm.1, %bmf)", bits.format(v="%bm.1", t="%bmf"))
-    return text
+    return head + text
 
 
 def kernel(element: str):
@@ -340,7 +344,7 @@ def _compile(element: str):
     if not available():
         return None
     try:
-        text = _DECLARE + _module(element)
+        text = _module(element)
         key = _host_key(text)
         cached = _cache_read(key) if key is not None else None
         if cached is not None:
@@ -436,6 +440,13 @@ def _listed(features: str) -> bool:
     view may be kept under the cpuinfo key)? Not where a kernel or hypervisor hides one from Linux."""
     flags = _flags()
     return all(f"+{name}" not in features.split(",") or name in flags for name in _KEY_FEATURES)
+
+
+def _wide() -> bool:
+    """512-bit vectors for the kernels: not on Intel's Skylake, Cascade Lake and Cooper Lake server cores (family 6
+    model 85), whose clock drops for 512-bit floating point (LLVM's reason to prefer 256 bits for them)."""
+    fields = dict(line.split(": ", 1) for line in (_host() or "").splitlines() if ": " in line)
+    return (fields.get("vendor_id"), fields.get("cpu family"), fields.get("model")) != ("GenuineIntel", "6", "85")
 
 
 def _fma() -> bool:

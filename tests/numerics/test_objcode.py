@@ -84,7 +84,7 @@ def test_pc_relative_relocations():
     machine = llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, reloc="pic",
         codemodel="small")
-    module = llvm.parse_assembly(fused._DECLARE + fused._module("magnitude"))
+    module = llvm.parse_assembly(fused._module("magnitude"))
     tuning = llvm.create_pipeline_tuning_options(speed_level=3)
     tuning.loop_vectorization = True
     builder = llvm.create_pass_builder(machine, tuning)
@@ -154,7 +154,7 @@ def test_a_function_it_does_not_define_is_refused(objects):
 
 def test_fused_loads_a_refused_entry_through_llvm(objects, tmp_path, monkeypatch):
     """A cache entry objcode refuses is MCJIT's to load: the kernel is the same, the entry is not rewritten."""
-    key = fused._host_key(fused._DECLARE + fused._module("magnitude"))
+    key = fused._host_key(fused._module("magnitude"))
     monkeypatch.setenv("PCC_CACHE", str(tmp_path))
     fused._cache_write(key, objects["magnitude"])
     entry = fused._cache_path(key)
@@ -184,10 +184,22 @@ def test_code_for_features_linux_does_not_list_is_kept_under_llvms_key(monkeypat
     assert "@llvm.fma.f32(float %" not in text and "%y.m = fdiv float %xf.m, %sc.m" in text
 
 
+def test_cores_whose_clock_drops_for_512_bit_code_keep_256(monkeypatch):
+    """Skylake, Cascade Lake and Cooper Lake server cores (Intel family 6 model 85) keep LLVM's 256-bit loops and
+    divide (the corrected product was slower than the division at 256 bits); other AVX-512 cores get 512."""
+    skx = "vendor_id: GenuineIntel\ncpu family: 6\nmodel: 85\nflags: fpu avx avx2 fma avx512f"
+    monkeypatch.setattr(fused, "_host", lambda: skx)
+    text = fused._module("bf16")
+    assert '"prefer-vector-width"="256"' in text and "%y.m = fdiv float %xf.m, %sc.m" in text
+    monkeypatch.setattr(fused, "_host", lambda: skx.replace("model: 85", "model: 207"))
+    text = fused._module("bf16")
+    assert '"prefer-vector-width"="512"' in text and "llvm.fma.f32(float %y.e.m" in text
+
+
 def test_the_key_names_the_cpu(monkeypatch):
     """Another CPU (its /proc/cpuinfo model or flags) is another entry; where there is no /proc/cpuinfo, the
     key is LLVM's view of the host (computed by `_jit`)."""
-    text = fused._DECLARE + fused._module("magnitude")
+    text = fused._module("magnitude")
     here = fused._host_key(text)
     assert here is not None and fused._host() is not None
     monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu sse2")
