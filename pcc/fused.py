@@ -352,7 +352,7 @@ def _compile(element: str):
 
             try:
                 return _functions(element, objcode.load(cached, _FUNCTIONS[element]))
-            except objcode.ObjectError:  # (not an object it takes: LLVM loads it)
+            except ValueError:  # (not an object it takes: LLVM loads it)
                 pass
         return _jit(element, text, key, cached)
     except Exception as err:  # an llvmlite whose API or LLVM differs: the torch path, said once

@@ -6,7 +6,8 @@ pcc's kernels are small relocatable ELF files with a few sections and absolute r
 lays out, relocates and maps read-and-execute in a millisecond. It takes only what it fully understands: an
 x86-64 little-endian ELF64 relocatable object whose allocated sections are code or read-only data, whose
 relocations are R_X86_64_64, PC32 or PLT32, and whose undefined symbols are the C library's memset, memcpy or
-memmove; anything else raises ObjectError, and pcc.fused hands the object to MCJIT as before.
+memmove; anything else raises ValueError (a builtin: this stage comes before pcc's error classes), and
+pcc.fused hands the object to MCJIT as before.
 """
 
 from __future__ import annotations
@@ -29,48 +30,42 @@ _MAX_BYTES = 16 << 20  # what a kernel's sections may take in all (pcc's take a 
 _KEPT: list = []  # the mappings holding loaded code: alive as long as the process (as MCJIT's engines were)
 
 
-class ObjectError(ValueError):
-    """An object this loader does not take (pcc.fused then loads it with LLVM)."""
-
-
 def load(obj: bytes, names: tuple[str, ...]) -> dict[str, int]:
     """Each of `names` (functions defined in `obj`) -> its address in executable memory this process keeps."""
     if sys.platform != "linux":
-        raise ObjectError("not Linux")
+        raise ValueError("not Linux")
     try:
         return _load(memoryview(obj), names)
-    except ObjectError:
-        raise
-    except (struct.error, ValueError, IndexError) as err:  # (offsets past the end, a name without its NUL)
-        raise ObjectError(f"malformed: {err}") from None
+    except (struct.error, IndexError) as err:  # (offsets past the end)
+        raise ValueError(f"malformed: {err}") from None
     except OSError as err:  # (the mapping or its protection refused)
-        raise ObjectError(f"cannot map: {err}") from None
+        raise ValueError(f"cannot map: {err}") from None
 
 
 def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
     ident, etype, machine, _, _, _, shoff, _, _, _, _, shentsize, shnum, _ = _EHDR.unpack_from(obj, 0)
     if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1 or etype != 1 or machine != 62:
-        raise ObjectError("not an x86-64 little-endian ELF64 relocatable object")
+        raise ValueError("not an x86-64 little-endian ELF64 relocatable object")
     if shentsize != _SHDR.size or not 0 < shnum < 256:
-        raise ObjectError("unexpected section header table")
+        raise ValueError("unexpected section header table")
     sections = [_SHDR.unpack_from(obj, shoff + i * _SHDR.size) for i in range(shnum)]
     for _, kind, _, _, offset, size, *_ in sections:
         if kind != _NOBITS and offset + size > len(obj):
-            raise ObjectError("a section runs past the end of the object")
+            raise ValueError("a section runs past the end of the object")
     # lay out the allocated sections, each at its alignment
     place, end = {}, 0
     for i, (_, kind, flags, _, _, size, _, _, align, _) in enumerate(sections):
         if not flags & _ALLOC:
             continue
         if flags & _WRITE or kind not in (_PROGBITS, _NOBITS):
-            raise ObjectError(f"section {i}: writable or not code or data")
+            raise ValueError(f"section {i}: writable or not code or data")
         align = max(align, 1)
         if align & (align - 1) or align > mmap.PAGESIZE:
-            raise ObjectError(f"section {i}: alignment {align}")
+            raise ValueError(f"section {i}: alignment {align}")
         end = -(-end // align) * align
         place[i], end = end, end + size
     if not place or not 0 < end <= _MAX_BYTES:
-        raise ObjectError(f"sections of {end} bytes in all")
+        raise ValueError(f"sections of {end} bytes in all")
     length = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
     memory = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -83,15 +78,15 @@ def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
     symbols, functions = _symbols(obj, sections, place, base)
     for _, kind, _, _, offset, size, link, info, _, entsize in sections:
         if kind == _REL_T:
-            raise ObjectError("REL relocations")
+            raise ValueError("REL relocations")
         if kind != _RELA_T or info not in place:  # (relocations of sections not loaded)
             continue
         if entsize != _RELA.size or link >= len(sections) or sections[link][1] != _SYMTAB:
-            raise ObjectError("unexpected relocation section")
+            raise ValueError("unexpected relocation section")
         target, target_size = place[info], sections[info][5]
         for r_offset, r_info, addend in _RELA.iter_unpack(obj[offset:offset + size]):
             if r_info >> 32 not in symbols:
-                raise ObjectError(f"relocation at {r_offset} against a symbol not loaded")
+                raise ValueError(f"relocation at {r_offset} against a symbol not loaded")
             rtype, value = r_info & 0xFFFFFFFF, symbols[r_info >> 32] + addend
             where = base + target + r_offset
             if rtype == _R_64 and r_offset + 8 <= target_size:
@@ -99,10 +94,10 @@ def _load(obj: memoryview, names: tuple[str, ...]) -> dict[str, int]:
             elif rtype in (_R_PC32, _R_PLT32) and r_offset + 4 <= target_size and -2**31 <= value - where < 2**31:
                 struct.pack_into("<i", memory, target + r_offset, value - where)
             else:
-                raise ObjectError(f"relocation type {rtype} at {r_offset} not taken")
+                raise ValueError(f"relocation type {rtype} at {r_offset} not taken")
     missing = [name for name in names if name not in functions]
     if missing:
-        raise ObjectError(f"functions not defined: {missing}")
+        raise ValueError(f"functions not defined: {missing}")
     if _libc().mprotect(ctypes.c_void_p(base), ctypes.c_size_t(length), mmap.PROT_READ | mmap.PROT_EXEC) != 0:
         raise OSError(ctypes.get_errno(), "mprotect")
     _KEPT.append((memory, window))
@@ -113,7 +108,7 @@ def _symbols(obj: memoryview, sections: list, place: dict, base: int) -> tuple[d
     """Symbol index -> address (the symbols relocations may name), and defined function name -> address."""
     tables = [s for s in sections if s[1] == _SYMTAB]
     if len(tables) != 1 or tables[0][9] != _SYM.size or tables[0][6] >= len(sections):
-        raise ObjectError("not one symbol table")
+        raise ValueError("not one symbol table")
     _, _, _, _, offset, size, link, *_ = tables[0]
     strtab = sections[link]
     names = bytes(obj[strtab[4]:strtab[4] + strtab[5]])
@@ -124,18 +119,18 @@ def _symbols(obj: memoryview, sections: list, place: dict, base: int) -> tuple[d
             if index == 0:
                 continue
             if name not in _LIBC:
-                raise ObjectError(f"undefined symbol {name!r}")
+                raise ValueError(f"undefined symbol {name!r}")
             address = ctypes.cast(getattr(_libc(), name), ctypes.c_void_p).value
         elif shndx == _SHN_ABS:
             address = value
         elif shndx in place:
             if value + length > sections[shndx][5]:
-                raise ObjectError(f"symbol {name!r} runs past its section")
+                raise ValueError(f"symbol {name!r} runs past its section")
             address = base + place[shndx] + value
         elif shndx < _SHN_LORESERVE:  # (a symbol of a section not loaded: no relocation may use it)
             continue
         else:
-            raise ObjectError(f"symbol {name!r} in special section {shndx:#x}")
+            raise ValueError(f"symbol {name!r} in special section {shndx:#x}")
         out[index] = address
         if st_info & 0xF == 2 and shndx in place:  # STT_FUNC
             functions[name] = address

@@ -1,6 +1,6 @@
 """pcc.objcode: the object code MCJIT kept for pcc's kernels, loaded without LLVM, computes what ml_dtypes does;
 an object it does not fully understand (another machine, a relocation or a symbol it does not take, a writable
-section, a short file) is refused with ObjectError, and pcc.fused then loads the entry through LLVM."""
+section, a short file) is refused with ValueError, and pcc.fused then loads the entry through LLVM."""
 
 from __future__ import annotations
 
@@ -143,12 +143,12 @@ def _damage(obj: bytes, how: str) -> bytes:
 
 @pytest.mark.parametrize("how", ["machine", "short", "relocation", "symbol", "huge", "past", "writable"])
 def test_what_it_does_not_take_is_refused(objects, how):
-    with pytest.raises(objcode.ObjectError):
+    with pytest.raises(ValueError):
         objcode.load(_damage(objects["bf16"], how), ("fp8_blocks_bf16",))
 
 
 def test_a_function_it_does_not_define_is_refused(objects):
-    with pytest.raises(objcode.ObjectError, match="not defined"):
+    with pytest.raises(ValueError, match="not defined"):
         objcode.load(objects["magnitude"], ("fp8_blocks_bf16",))
 
 
@@ -161,7 +161,7 @@ def test_fused_loads_a_refused_entry_through_llvm(objects, tmp_path, monkeypatch
     before = entry.stat().st_ino
 
     def refuse(obj, names):
-        raise objcode.ObjectError("refused (test)")
+        raise ValueError("refused (test)")
 
     monkeypatch.setattr(objcode, "load", refuse)
     monkeypatch.setattr(fused, "_KERNELS", {})
@@ -209,7 +209,7 @@ def test_the_key_names_the_cpu(monkeypatch):
 
 
 def test_any_damage_is_an_object_error_or_a_load(objects):
-    """Bytes flipped anywhere (seeded): every object is loaded or refused with ObjectError, never another
+    """Bytes flipped anywhere (seeded): every object is loaded or refused with ValueError, never another
     exception (the caller then loads the entry through LLVM, which has its own checks: its hash comes first)."""
     rng = np.random.default_rng(29)
     obj = objects["bf16"]
@@ -220,6 +220,6 @@ def test_any_damage_is_an_object_error_or_a_load(objects):
             b[at] = int(rng.integers(0, 256))
         try:
             objcode.load(bytes(b), ("fp8_blocks_bf16",))
-        except objcode.ObjectError:
+        except ValueError:
             refused += 1
     assert 0 < refused < 300
