@@ -8,22 +8,25 @@ BF16's 16 of them: twice the lanes per vector),
 each block's scale amax / 448 (at least the smallest normal, 1 for an all-zero block), then every element
 divided by its block's scale in float32 (for BF16, the same quotient as a product by the scale's reciprocal
 and one exact correction: `_MARKSTEIN`) and rounded to E4M3 by c10's float -> Float8_e4m3fn rule (the cast
-torch applies), all in loops over whole rows that LLVM vectorizes, 512 bits wide where the CPU has them. Eager torch makes five passes over each
-chunk for the same codes (the magnitude bits, their max, a float32 copy, the division, the cast): on one core
-here 1.7-1.9 ns per element against 0.6-0.8 (docs/numerics.md "Speed").
+torch applies), all in loops over whole rows that LLVM vectorizes, 512 bits wide where the CPU has them.
+Eager torch makes five passes over each chunk for the same codes (the magnitude bits, their max, a float32
+copy, the division, the cast): on one core here 1.7-1.9 ns per element against 0.6-0.8 (docs/numerics.md
+"Speed").
 
 The kernel is LLVM IR (`_IR`), compiled when first used (about 0.05 s, against numba's 0.5 s to import and
 load a cached kernel, which ate the gain); its object code is kept in the user cache and later processes load
 it from there without LLVM (`_cache_read`, `pcc.objcode`: a millisecond). It is called through ctypes, which
-lets go of the GIL. Codes and scales are bit for bit the torch path's: the rounding on every float32 magnitude below
-E4M3's NaN threshold in steps and around every rounding boundary, the scale of every BF16 amax, and whole
-tensors (tests/numerics/test_fused.py). `PCC_FUSED=0` turns it off. A block holding NaN or inf is reported,
+lets go of the GIL. Codes and scales are bit for bit the torch path's: the rounding on every float32
+magnitude below E4M3's NaN threshold in steps and around every rounding boundary, the scale of every BF16
+amax, every BF16 x of sampled amax values, and whole tensors (tests/numerics/test_fused.py). `PCC_FUSED=0`
+turns it off. A block holding NaN or inf is reported,
 not quantized: the caller takes the torch path, whose error names the block.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -404,15 +407,16 @@ def _jit(element: str, text: str, key: bytes | None, cached: bytes | None):
 # is the CPU name and features LLVM detects.
 _CACHE_MAGIC = b"pcc-kernel-1\n"
 _PASSES = "speed_level=3 loop_vectorization slp_vectorization opt=3"
-# the /proc/cpuinfo fields that name a CPU and what it offers (x86, then Arm); not its clock, cores or microcode
 # LLVM host features the kernels' code may use, which /proc/cpuinfo must list too for its key (`_listed`)
 _KEY_FEATURES = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl")
+# the /proc/cpuinfo fields that name a CPU and what it offers (x86, then Arm); not its clock, cores or microcode
 _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags",
                "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision", "Features")
 
 
-def _host() -> str | None:
-    """This CPU as Linux describes it (its first processor's model and feature flags), or None."""
+@functools.cache
+def _host() -> dict[str, str] | None:
+    """This CPU as Linux describes it (its first processor's `_CPU_FIELDS`), or None; read once per process."""
     fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -420,19 +424,17 @@ def _host() -> str | None:
                 if not line.strip():
                     break
                 name, _, value = line.partition(":")
-                fields[name.strip()] = value.strip()
+                if name.strip() in _CPU_FIELDS:
+                    fields[name.strip()] = value.strip()
     except OSError:
         return None
-    if "flags" not in fields and "Features" not in fields:
-        return None
-    return "\n".join(f"{name}: {fields[name]}" for name in _CPU_FIELDS if name in fields)
+    return fields if "flags" in fields or "Features" in fields else None
 
 
 def _flags() -> set[str]:
     """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, Arm `Features`); empty elsewhere."""
-    host = _host() or ""
-    return {word for line in host.splitlines() if line.startswith(("flags:", "Features:"))
-            for word in line.split(":", 1)[1].split()}
+    host = _host() or {}
+    return set(host.get("flags", host.get("Features", "")).split())
 
 
 def _listed(features: str) -> bool:
@@ -445,8 +447,8 @@ def _listed(features: str) -> bool:
 def _wide() -> bool:
     """512-bit vectors for the kernels: not on Intel's Skylake, Cascade Lake and Cooper Lake server cores (family 6
     model 85), whose clock drops for 512-bit floating point (LLVM's reason to prefer 256 bits for them)."""
-    fields = dict(line.split(": ", 1) for line in (_host() or "").splitlines() if ": " in line)
-    return (fields.get("vendor_id"), fields.get("cpu family"), fields.get("model")) != ("GenuineIntel", "6", "85")
+    host = _host() or {}
+    return (host.get("vendor_id"), host.get("cpu family"), host.get("model")) != ("GenuineIntel", "6", "85")
 
 
 def _fma() -> bool:
@@ -462,7 +464,8 @@ def _host_key(text: str) -> bytes | None:
     if host is None:
         return None
     uname = os.uname()
-    return _cache_key(text, "cpuinfo", sys.platform, uname.sysname, uname.machine, host)
+    cpu = "\n".join(f"{name}: {host[name]}" for name in _CPU_FIELDS if name in host)
+    return _cache_key(text, "cpuinfo", sys.platform, uname.sysname, uname.machine, cpu)
 
 
 def _cache_key(text: str, *machine) -> bytes:

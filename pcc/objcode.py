@@ -1,7 +1,7 @@
 """Load the object code LLVM wrote for a kernel (pcc.fused's cached entries) into executable memory, without LLVM.
 
 Importing llvmlite and handing a cached object to its MCJIT cost 50-60 ms of every conversion here, a tenth of
-the MoE's whole conversion (docs/convert.md "Loading the kernels without LLVM"); the objects MCJIT writes for
+the MoE's whole conversion (docs/convert.md "The kernels loaded without LLVM; the kernel's division"); the objects MCJIT writes for
 pcc's kernels are small relocatable ELF files with a few sections and absolute relocations, which this module
 lays out, relocates and maps read-and-execute in a millisecond. It takes only what it fully understands: an
 x86-64 little-endian ELF64 relocatable object whose allocated sections are code or read-only data, whose
@@ -13,6 +13,7 @@ pcc.fused hands the object to MCJIT as before.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import struct
 import sys
@@ -21,8 +22,8 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 _RELA = struct.Struct("<QQq")
-_PROGBITS, _SYMTAB, _STRTAB, _RELA_T, _NOBITS, _REL_T = 1, 2, 3, 4, 8, 9
-_WRITE, _ALLOC, _EXEC = 0x1, 0x2, 0x4
+_PROGBITS, _SYMTAB, _RELA_T, _NOBITS, _REL_T = 1, 2, 4, 8, 9
+_WRITE, _ALLOC = 0x1, 0x2
 _R_64, _R_PC32, _R_PLT32 = 1, 2, 4
 _SHN_UNDEF, _SHN_LORESERVE, _SHN_ABS = 0, 0xFF00, 0xFFF1
 _LIBC = ("memset", "memcpy", "memmove")
@@ -137,6 +138,7 @@ def _symbols(obj: memoryview, sections: list, place: dict, base: int) -> tuple[d
     return out, functions
 
 
+@functools.cache
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

@@ -175,10 +175,10 @@ def test_code_for_features_linux_does_not_list_is_kept_under_llvms_key(monkeypat
     """A feature LLVM finds that /proc/cpuinfo does not list (hidden by a kernel or hypervisor) keeps compiled code
     out of the cpuinfo key; and without FMA the kernel divides (no libm call per element)."""
     features = "+avx,+avx2,+fma,+avx512f"
-    monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu avx avx2 fma avx512f")
+    monkeypatch.setattr(fused, "_host", lambda: {"vendor_id": "GenuineIntel", "flags": "fpu avx avx2 fma avx512f"})
     assert fused._listed(features) and fused._fma()
     assert "llvm.fma.f32(float %y.e.m" in fused._module("bf16")
-    monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu avx avx2")
+    monkeypatch.setattr(fused, "_host", lambda: {"vendor_id": "GenuineIntel", "flags": "fpu avx avx2"})
     assert not fused._listed(features) and not fused._fma()
     text = fused._module("bf16")
     assert "@llvm.fma.f32(float %" not in text and "%y.m = fdiv float %xf.m, %sc.m" in text
@@ -187,11 +187,11 @@ def test_code_for_features_linux_does_not_list_is_kept_under_llvms_key(monkeypat
 def test_cores_whose_clock_drops_for_512_bit_code_keep_256(monkeypatch):
     """Skylake, Cascade Lake and Cooper Lake server cores (Intel family 6 model 85) keep LLVM's 256-bit loops and
     divide (the corrected product was slower than the division at 256 bits); other AVX-512 cores get 512."""
-    skx = "vendor_id: GenuineIntel\ncpu family: 6\nmodel: 85\nflags: fpu avx avx2 fma avx512f"
+    skx = {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "85", "flags": "fpu avx avx2 fma avx512f"}
     monkeypatch.setattr(fused, "_host", lambda: skx)
     text = fused._module("bf16")
     assert '"prefer-vector-width"="256"' in text and "%y.m = fdiv float %xf.m, %sc.m" in text
-    monkeypatch.setattr(fused, "_host", lambda: skx.replace("model: 85", "model: 207"))
+    monkeypatch.setattr(fused, "_host", lambda: skx | {"model": "207"})
     text = fused._module("bf16")
     assert '"prefer-vector-width"="512"' in text and "llvm.fma.f32(float %y.e.m" in text
 
@@ -202,7 +202,7 @@ def test_the_key_names_the_cpu(monkeypatch):
     text = fused._module("magnitude")
     here = fused._host_key(text)
     assert here is not None and fused._host() is not None
-    monkeypatch.setattr(fused, "_host", lambda: "vendor_id: GenuineIntel\nflags: fpu sse2")
+    monkeypatch.setattr(fused, "_host", lambda: {"vendor_id": "GenuineIntel", "flags": "fpu sse2"})
     assert fused._host_key(text) not in (None, here)
     monkeypatch.setattr(fused, "_host", lambda: None)
     assert fused._host_key(text) is None
