@@ -324,7 +324,6 @@ class ShardWriter:
         """The next `nbytes` of tensor `name` (`last` on its final piece), waiting for the ring's bytes to be
         written; None once `stop` is set."""
         shard = self.owner[name]
-        path = self.root / (shard.file + ".tmp")
         try:
             before = None
             if shard is not self._shard:
@@ -346,7 +345,7 @@ class ShardWriter:
                 self._pos += 1
             return span
         except OSError as err:
-            raise refused(err, path) from err
+            raise refused(err, self.root / (shard.file + ".tmp")) from err
 
     def _open(self, shard: Shard, stop):
         """The shard's file and its header's span; False once `stop` is set."""

@@ -191,3 +191,30 @@ def test_destination_inside_the_source_is_refused(moe, capsys):
     src, contract = moe
     assert _convert(src, contract, src, "--force") == 1
     assert "overlaps the source" in capsys.readouterr().err and any(src.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("damage", ["header", "size"])
+def test_a_shard_not_as_planned_on_disk_is_refused(moe, tmp_path, capsys, monkeypatch, damage):
+    """The last check before DST is installed reads each shard's header back from the file and compares it with
+    the planned bytes (and the file's size with the planned size): a shard that reads otherwise is refused."""
+    from pcc.convert.shards import ShardWriter
+
+    src, contract = moe
+    real = ShardWriter.finish
+
+    def finish(self):
+        real(self)
+        shard = sorted((self.root).glob("*.safetensors"))[0]
+        with shard.open("r+b") as f:
+            if damage == "header":
+                f.seek(12)
+                byte = f.read(1)
+                f.seek(12)
+                f.write(bytes([byte[0] ^ 0x20]))
+            else:
+                f.truncate(shard.stat().st_size - 8)
+
+    monkeypatch.setattr(ShardWriter, "finish", finish)
+    assert _convert(src, contract, tmp_path / "dst") == 1
+    assert "written header does not match the plan" in capsys.readouterr().err
+    assert not (tmp_path / "dst").exists()
