@@ -32,6 +32,7 @@ import sys
 import threading
 
 _LOCK = threading.Lock()
+_SCRATCH = threading.local()  # each thread's scratch for the block-FP8 kernel (`fp8_fp32_blocks`)
 _KERNELS: dict = {}  # source element -> its ctypes function, or None where llvmlite is missing or it is off
 
 # c10's float -> Float8_e4m3fn for |y|'s float32 bits %fa (sign %sign): at or above bits(480.0) NaN (0x7F; not
@@ -525,9 +526,11 @@ def fp8_fp32_blocks(element: str, x: int, codes: int, scales: int, rows: int, co
     `x` into E4M3 bytes at `codes` (row-major, the same shape) and float32 scales at `scales` (row-major
     [ceil(rows / block_rows), ceil(cols / block_cols)]); -1, or the flat index of a scale block holding NaN or
     inf (quantizing stopped there). Runs without the GIL; `kernel(element)` must not be None."""
-    scratch = ctypes.create_string_buffer(12 * cols)  # each column's max magnitude, then its block's scale and
-    # that scale's reciprocal
-    at = ctypes.addressof(scratch)
+    scratch = getattr(_SCRATCH, "buffer", None)  # each column's max magnitude, then its block's scale and that
+    if scratch is None or len(scratch) < 12 * cols:  # scale's reciprocal: the calling thread's, kept between calls
+        scratch = _SCRATCH.buffer = ctypes.create_string_buffer(12 * cols)
+        _SCRATCH.at = ctypes.addressof(scratch)
+    at = _SCRATCH.at
     return kernel(element)(x, codes, scales, rows, cols, block_rows, block_cols, first, stop, at, at + 4 * cols)
 
 

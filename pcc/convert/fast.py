@@ -160,19 +160,20 @@ def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bo
 
         for call in calls:
             if call[0] == "copy":
-                _, k, name, offset, view, check = call
+                _, k, name, offset, view, check, at = call
                 src.read_bytes(name, offset, view)
                 if check is not None and view.nbytes and fused.magnitude_max(
-                        check[0], buffer_address(view), view.nbytes * 8 // check[0]) >= check[1]:
+                        check[0], at, view.nbytes * 8 // check[0]) >= check[1]:
                     return k
                 continue
             _, k, name, offset, nbytes, element, codes, scales, rows, cols, r, c, blocks, _ = call
             buf = getattr(local, "buf", None)
             if buf is None or len(buf) < nbytes:
                 buf = local.buf = mmap.mmap(-1, max(nbytes, _READ_BYTES))
+                local.at = buffer_address(buf)
             with memoryview(buf) as whole, whole[:nbytes] as into:
                 src.read_bytes(name, offset, into)
-            if fused.fp8_fp32_blocks(element, buffer_address(buf), codes, scales, rows, cols, r, c, 0, blocks) >= 0:
+            if fused.fp8_fp32_blocks(element, local.at, codes, scales, rows, cols, r, c, 0, blocks) >= 0:
                 return k
         return -1
 
@@ -193,22 +194,25 @@ def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bo
                 step = 4 * _READ_BYTES
                 for at in range(0, count, step):
                     n = min(step, count - at)
-                    calls.append((n, ("copy", k, name, offset + at, span.view[at:at + n], _CHECKED.get(dtype))))
+                    calls.append((n, ("copy", k, name, offset + at, span.view[at:at + n], _CHECKED.get(dtype),
+                                      span.address + at)))
                 continue
             r, c, codes_name, scales_name, nrows, cols = specs[name]
             size = ST_BYTES[dtype]
             n, nbr, nbc = count // (size * cols), -(-nrows // r), -(-cols // c)
             if first == 0:
-                scales_of[name] = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc], filled piece by piece
-            scales = scales_of.pop(name) if final else scales_of[name]
+                scales = bytearray(4 * nbr * nbc)  # float32 [nbr, nbc], filled piece by piece
+                scales_of[name] = scales, buffer_address(scales)
+            scales, scales_at = scales_of.pop(name) if final else scales_of[name]
             if writer.wanted(codes_name):
                 span = writer.reserve(codes_name, n * cols, final, stop)
                 if span is None:
                     return None
                 spans.append((span, None))
-                codes = span.view
+                codes, at_codes = span.view, span.address
             else:  # (its shard is done: the scales still need the kernel)
                 codes = memoryview(bytearray(n * cols))
+                at_codes = buffer_address(codes)
             views[k] = codes
             if final and writer.wanted(scales_name):
                 span = writer.reserve(scales_name, len(scales), True, stop)
@@ -216,7 +220,7 @@ def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bo
                     return None
                 spans.append((span, scales))
             blocks, step = -(-n // r), max(1, _READ_BYTES // (r * cols * size))
-            at_codes, at_scales = buffer_address(codes), buffer_address(scales) + first // r * nbc * 4
+            at_scales = scales_at + first // r * nbc * 4
             for b in range(0, blocks, step):
                 e = min(b + step, blocks)
                 rows = min(e * r, n) - b * r
@@ -225,7 +229,7 @@ def pipeline(plan_of, src, todo: list[dict], writer, in_bytes: int, progress: bo
                                                    rows, cols, r, c, e - b, (codes, scales))))
         return spans, [pool.submit(job, calls) for calls in _jobs(calls)], views
 
-    scales_of: dict[str, bytearray] = {}  # a weight quantized in row pieces: its whole scales
+    scales_of: dict[str, tuple[bytearray, int]] = {}  # a weight quantized in row pieces: its whole scales (address)
 
     def write_all():
         try:

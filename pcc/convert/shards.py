@@ -212,12 +212,12 @@ def buffer_address(buf) -> int | None:
         return None
 
 
-def _copy(dst: memoryview, data) -> None:
-    """`data`'s bytes into `dst` (as many): with ctypes' memmove, which lets go of the GIL (a memoryview copy
-    holds it: 1.2 GB of copies stalled the quantizing threads, most on a busy machine), where both have an
-    address; a read-only source (a header's bytes) copied holding it."""
+def _copy(dst: memoryview, data, at: int | None = None) -> None:
+    """`data`'s bytes into `dst` (as many; `at`: its address, where known): with ctypes' memmove, which lets go of
+    the GIL (a memoryview copy holds it: 1.2 GB of copies stalled the quantizing threads, most on a busy
+    machine), where both have an address; a read-only source (a header's bytes) copied holding it."""
     with memoryview(data) as view, view.cast("B") as raw:
-        at, src = buffer_address(dst), buffer_address(data)
+        at, src = buffer_address(dst) if at is None else at, buffer_address(data)
         if at is not None and src is not None:
             ctypes.memmove(at, src, raw.nbytes)
         elif raw.nbytes:
@@ -228,12 +228,21 @@ class Span:
     """Bytes [start, end) of the output stream, reserved for (part of) one tensor: `view` is where they go, a
     view of the staging ring where the file's next writes come from, or a buffer of their own (`bounced`)
     copied into the ring when committed, where they would wrap the ring's end or are too long for one
-    reservation. `before`: the header of the shard this span opens, committed first."""
+    reservation. `before`: the header of the shard this span opens, committed first. `address`: the view's first
+    byte's (a kernel's output pointer)."""
 
-    __slots__ = ("before", "bounced", "end", "start", "view")
+    __slots__ = ("_address", "before", "bounced", "end", "start", "view")
 
-    def __init__(self, start: int, end: int, view: memoryview, bounced: bool, before: Span | None = None):
+    def __init__(self, start: int, end: int, view: memoryview, bounced: bool, before: Span | None = None,
+                 address: int | None = None):
         self.start, self.end, self.view, self.bounced, self.before = start, end, view, bounced, before
+        self._address = address
+
+    @property
+    def address(self) -> int:
+        if self._address is None:
+            self._address = buffer_address(self.view)
+        return self._address
 
 
 class _Sink:
@@ -305,6 +314,7 @@ class ShardWriter:
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
         self._ring: memoryview | None = None  # made at the first reservation (`_ring_memory`)
+        self._ring_at = 0  # its first byte's address
         self._doubled = False  # the ring mapped twice back to back: a span past its end is written in place
         self._lock = threading.Condition()
         self._sent: dict[int, list] = {}  # slot number (stream position // slot) -> (its hash and write, the file)
@@ -353,6 +363,7 @@ class ShardWriter:
             raise ConvertError(f"{self._shard.file}: left incomplete")
         if self._ring is None:
             self._ring, self._doubled = _ring_memory(self._slot * self._count)
+            self._ring_at = buffer_address(self._ring)
         self._at = self._start = -(-self._at // self._slot) * self._slot
         self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))
         self._shard, self._pos = shard, 0
@@ -375,7 +386,7 @@ class ShardWriter:
         for k in slots:
             if not self._ready(k, stop):
                 return None
-        return Span(start, start + nbytes, self._ring[at:at + nbytes], False)
+        return Span(start, start + nbytes, self._ring[at:at + nbytes], False, address=self._ring_at + at)
 
     def hand_off(self) -> None:
         """The spans reserved so far will be committed without waiting for more reservations (the producer
@@ -416,7 +427,7 @@ class ShardWriter:
         sink = self._sinks[0]
         try:
             if data is not None:
-                _copy(span.view, data)
+                _copy(span.view, data, span.address)
             if not span.bounced:
                 self._advance(sink, span.end)
                 return
