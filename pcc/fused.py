@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import sys
 import threading
 
@@ -282,8 +283,6 @@ _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c
 
 def _codes_loop(suffix: str, quotient: str, widen: str) -> str:
     """`_CODES` with `quotient` (and the element's `widen`), its labels and values named apart by `suffix`."""
-    import re
-
     text = _CODES.replace("QUOTIENT(%xf, %sc, %y)", quotient.format(x="%xf", s="%sc", y="%y"))
     text = text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
     text = re.sub(r"(%?)codes\.(row|col)", rf"\1codes{suffix}.\2", text)

@@ -1,13 +1,13 @@
 """Load the object code LLVM wrote for a kernel (pcc.fused's cached entries) into executable memory, without LLVM.
 
 Importing llvmlite and handing a cached object to its MCJIT cost 50-60 ms of every conversion here, a tenth of
-the MoE's whole conversion (docs/convert.md "The kernels loaded without LLVM; the kernel's division"); the objects MCJIT writes for
-pcc's kernels are small relocatable ELF files with a few sections and absolute relocations, which this module
-lays out, relocates and maps read-and-execute in a millisecond. It takes only what it fully understands: an
-x86-64 little-endian ELF64 relocatable object whose allocated sections are code or read-only data, whose
-relocations are R_X86_64_64, PC32 or PLT32, and whose undefined symbols are the C library's memset, memcpy or
-memmove; anything else raises ValueError (a builtin: this stage comes before pcc's error classes), and
-pcc.fused hands the object to MCJIT as before.
+the MoE's whole conversion (docs/convert.md "The kernels loaded without LLVM; the kernel's division"); the
+objects MCJIT writes for pcc's kernels are small relocatable ELF files with a few sections and absolute
+relocations, which this module lays out, relocates and maps read-and-execute in a millisecond. It takes only
+what it fully understands: an x86-64 little-endian ELF64 relocatable object whose allocated sections are code
+or read-only data, whose relocations are R_X86_64_64, PC32 or PLT32, and whose undefined symbols are the C
+library's memset, memcpy or memmove; anything else raises ValueError (a builtin: this stage comes before pcc's
+error classes), and pcc.fused hands the object to MCJIT as before.
 """
 
 from __future__ import annotations

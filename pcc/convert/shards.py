@@ -239,7 +239,7 @@ class Span:
         self._address = address
 
     @property
-    def address(self) -> int:
+    def address(self) -> int | None:
         if self._address is None:
             self._address = buffer_address(self.view)
         return self._address
