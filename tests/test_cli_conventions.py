@@ -79,6 +79,41 @@ def test_every_verb_has_json():
         assert sp._option_string_actions["--output-format"].choices == ("text", "json", "github", "sarif"), name
 
 
+def _shape(p: argparse.ArgumentParser) -> list:
+    """What a parser parses: each action's strings, destination, default, choices and nargs, nested verbs too."""
+    def choices(c):
+        if isinstance(c, dict):  # (verbs, or a registry such as `run --target`'s)
+            return {k: _shape(v) if isinstance(v, argparse.ArgumentParser) else repr(v) for k, v in c.items()}
+        return c
+
+    return [(a.option_strings, a.dest, a.default, a.nargs, a.help, choices(a.choices)) for a in p._actions]
+
+
+def test_a_line_starting_with_its_verb_is_parsed_by_that_verb_alone_alike():
+    """main builds only the verb's parser (`parser(verb)`, VERBS): the same subparser, help and usage as the whole
+    parser's, for every verb the whole parser has and no other."""
+    whole = {name.split()[0]: sp for name, sp in _subparsers(parser()).items()}
+    assert set(whole) == set(pcc.cli.VERBS)
+    for verb, sp in whole.items():
+        alone = _subparsers(parser(verb))
+        assert {name.split()[0] for name in alone} >= {verb}, verb
+        one = next(s for name, s in alone.items() if name.split()[0] == verb)
+        assert one.format_help() == sp.format_help() and _shape(one) == _shape(sp), verb
+    nested = parser("experiment").parse_args(["experiment", "trainer-variants", "c.prec", "--json"])
+    assert nested.json and nested.fn is parser().parse_args(["experiment", "trainer-variants", "c.prec"]).fn
+    fresh = "from pcc.cli import parser; print(parser('run').parse_args(['run', 'c.prec', '--target', 'verl']).target)"
+    done = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "verl", done.stderr[-2000:]  # (the launchers the bundle stage registers)
+
+
+def test_a_line_not_starting_with_a_verb_gets_the_whole_parser(capsys):
+    """`pcc --allow-root D check ...`, `pcc --help`, a misspelt verb: the whole parser, whose usage lists every verb."""
+    assert main(["--allow-root", str(ROOT), "fmt", "--check", str(ROOT / "contracts" / "tiny_cpu.prec")]) == 0
+    assert main(["chek", "x.prec"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'chek'" in err and all(v in err for v in pcc.cli.VERBS)
+
+
 @pytest.mark.parametrize("argv", [
     ["export", "c.prec", "{}", "W"], ["plan", "c.prec", "{}", "W"], ["compile", "c.prec", "{}", "W"],
     ["schema", "{}", "W"], ["run", "c.prec", "{}", "W"], ["validate", "c.prec", "{}", "W"],
