@@ -173,7 +173,8 @@ ret.bad:
   ret i64 %sidx
 }
 """
-# the codes loop over a block row's rows (`_codes_loop`): one copy with QUOTIENT as the element's, one dividing
+# the codes loop over a block row's rows (`_codes_loop`): one copy with QUOTIENT as the element's, one dividing;
+# %sc is the element's scale, %rc its reciprocal (colscale's second half; a quotient that divides leaves it unread)
 _CODES = """codes.row:
   %i2 = phi i64 [%a, %codes.start], [%i2.next, %codes.row.done]
   %i2.more = icmp slt i64 %i2, %b
@@ -192,7 +193,10 @@ codes.col:
   %xf = bitcast i32 %w2 to float
   %pcs = getelementptr float, ptr %colscale, i64 %e
   %sc = load float, ptr %pcs
-  QUOTIENT(%xf, %sc, %y)
+  %e.r = add i64 %e, %cols
+  %pcr = getelementptr float, ptr %colscale, i64 %e.r
+  %rc = load float, ptr %pcr
+  QUOTIENT(%xf, %sc, %rc, %y)
   %yb = bitcast float %y to i32
   %sign = and i32 %w2, -2147483648
   %fa = and i32 %yb, 2147483647
@@ -258,20 +262,17 @@ _MAGNITUDE_SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_void_p, ctypes
 # and how they are taken, how a maximum of them becomes float32 bits): a BF16 amax is taken on its 16 bits (they
 # order as the values do), twice the lanes per vector of widening each element first
 _BF16_BITS = "{t}.z = zext i16 {v} to i32\n  {t} = shl i32 {t}.z, 16"  # a BF16 is a float32's top 16 bits
-# x / s rounded to float32 ({x} / {s} into {y}): a division, or for a BF16 x the product by s's reciprocal
-# (rounded; colscale's second half) corrected once by the exact residual x - q s (Markstein's iteration, two
+# x / s rounded to float32 ({x} / {s} into {y}, {r} the reciprocal of s rounded): a division, or for a BF16 x the
+# product by that reciprocal corrected once by the exact residual x - q s (Markstein's iteration, two
 # FMAs): the same codes for every BF16 x and every scale of at least 2^-64 a block of BF16 can have, all 1.07
 # billion pairs compared with ml_dtypes (bench/kernel_exhaustive.py). Below 2^-64 the residual can underflow
 # (206 pairs differed, at amax near 2^-117), so a block row holding such a block divides (`_module`). The
 # division's throughput bounded the loop: 0.34 ns per weight against 0.40 dividing (bench/kernel.py, one core).
 _DIVIDE = "{y} = fdiv float {x}, {s}"
-_MARKSTEIN = """{y}.c = add i64 %e, %cols
-  {y}.p = getelementptr float, ptr %colscale, i64 {y}.c
-  {y}.r = load float, ptr {y}.p
-  {y}.q = fmul float {x}, {y}.r
+_MARKSTEIN = """{y}.q = fmul float {x}, {r}
   {y}.n = fneg float {y}.q
   {y}.e = call float @llvm.fma.f32(float {y}.n, float {s}, float {x})
-  {y} = call float @llvm.fma.f32(float {y}.e, float {y}.r, float {y}.q)"""
+  {y} = call float @llvm.fma.f32(float {y}.e, float {r}, float {y}.q)"""
 _ELEMENTS = {
     "bf16": ("i16", _BF16_BITS, "i16", "{t} = and i16 {v}, 32767", _BF16_BITS, _MARKSTEIN),
     "f32": ("float", "{t} = bitcast float {v} to i32", "i32",
@@ -283,7 +284,7 @@ _SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c
 
 def _codes_loop(suffix: str, quotient: str, widen: str) -> str:
     """`_CODES` with `quotient` (and the element's `widen`), its labels and values named apart by `suffix`."""
-    text = _CODES.replace("QUOTIENT(%xf, %sc, %y)", quotient.format(x="%xf", s="%sc", y="%y"))
+    text = _CODES.replace("QUOTIENT(%xf, %sc, %rc, %y)", quotient.format(x="%xf", s="%sc", r="%rc", y="%y"))
     text = text.replace("WIDEN(%v2, %w2)", widen.format(v="%v2", t="%w2"))
     text = re.sub(r"(%?)codes\.(row|col)", rf"\1codes{suffix}.\2", text)
     defined = set(re.findall(r"^\s*(%[\w.]+) =", text, re.MULTILINE))
