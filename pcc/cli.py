@@ -315,7 +315,7 @@ def _default_schema_dir() -> str:
 COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli",
                                    "pcc.importer.cli", "pcc.lsp.cli")
 # verb -> the module that registers it (None: this one): a command line that starts with its verb builds that
-# verb's parser alone (`parser(verb)`), not all fifteen (8-13 ms of every command on two vCPUs); the table is
+# verb's parser alone (`parser(verb)`), not all fifteen (about 10 ms of every command on two vCPUs); the table is
 # checked against the whole parser (tests/test_cli_conventions.py)
 VERBS: dict[str, str | None] = {
     "check": None, "fmt": None, "export": None, "plan": None, "explain": None, "schema": None,
