@@ -310,18 +310,17 @@ def _default_schema_dir() -> str:
 
 # -- the frame ----------------------------------------------------------------------------------
 
-# Commands that live beside their stage: each module has `register(subparsers)`, and
-# imports nothing heavy (torch, engines) at module level, so `pcc check` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ("pcc.bundle.cli", "pcc.diff.cli", "pcc.convert.cli", "pcc.runtime.cli", "pcc.validate.cli",
-                                   "pcc.importer.cli", "pcc.lsp.cli")
-# verb -> the module that registers it (None: this one): a command line that starts with its verb builds that
-# verb's parser alone (`parser(verb)`), not all fifteen (about 10 ms of every command on two vCPUs); the table is
-# checked against the whole parser (tests/test_cli_conventions.py)
+# verb -> the module that registers it (None: this one). Commands that live beside their stage: each module
+# has `register(subparsers)`, and imports nothing heavy (torch, engines) at module level, so `pcc check` stays
+# fast. A command line that starts with its verb builds that verb's parser alone (`parser(verb)`), not all
+# fifteen (about 10 ms of every command on two vCPUs); the table is checked against the whole parser
+# (tests/test_cli_conventions.py).
 VERBS: dict[str, str | None] = {
     "check": None, "fmt": None, "export": None, "plan": None, "explain": None, "schema": None,
     "compile": "pcc.bundle.cli", "diff": "pcc.diff.cli", "convert": "pcc.convert.cli",
     "verify-checkpoint": "pcc.convert.cli", "run": "pcc.runtime.cli", "experiment": "pcc.runtime.cli",
     "validate": "pcc.validate.cli", "import": "pcc.importer.cli", "lsp": "pcc.lsp.cli"}
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for m in VERBS.values() if m))  # each once, in order
 
 
 class _Parser(argparse.ArgumentParser):
@@ -372,10 +371,10 @@ def parser(verb: str | None = None) -> argparse.ArgumentParser:
                    help="a folder `extends` may also reach (repeatable; also $PCC_CONTRACT_ROOTS; docs/safety.md)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    modules = COMMAND_MODULES if verb is None else (VERBS[verb],) if VERBS[verb] else ()
+    modules = COMMAND_MODULES if verb is None else (VERBS[verb],)
     if verb is None or VERBS[verb] is None:
         _register(sub)
-    for name in modules:
+    for name in filter(None, modules):
         importlib.import_module(name).register(sub)
     if "pcc.runtime.cli" in modules:
         _wire_run_targets()
