@@ -77,7 +77,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     than its converter plan (`plan_of`: a quantized source, input scales, the torch path)."""
     t0 = time.perf_counter()
     ring = ring_ahead()
-    with _start_up() as started:
+    with _start_up() as started, contextlib.ExitStack() as after:
         src = open_source(src_dir)
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
         doc, planned = bundle_plan(contract, src), "bundle"
@@ -91,7 +91,9 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
         if doc is None:
             from pcc.lower.converter import converter_plan
 
-            doc, planned = plan_cache.compiled(contract, src, lambda: converter_plan(plan_of())), "compiled"
+            doc, kept = plan_cache.compiled(contract, src, lambda: converter_plan(plan_of()))
+            after.callback(kept)  # (kept while the checkpoint streams; waited for before returning)
+            planned = "compiled"
         started()
         dst = Path(dst_dir).resolve()
         root = Path(src.root).resolve()

@@ -334,6 +334,45 @@ def test_a_contract_written_as_the_compile_began_is_not_kept(lane, tmp_path, mon
     assert _convert(contract, src, tmp_path / "d") == "cached"
 
 
+def _kept_while_streaming(monkeypatch, before_streaming=lambda: None):
+    """The plan kept only once the checkpoint streams (`before_streaming()` run first): a conversion that kept
+    it before streaming would wait here until the test fails."""
+    import threading
+
+    streaming = threading.Event()
+    store, pipeline = plan_cache._store, run.fast.pipeline
+
+    def store_later(*args):
+        if streaming.wait(10):
+            store(*args)
+
+    def stream(*args, **kwargs):
+        before_streaming()
+        streaming.set()
+        return pipeline(*args, **kwargs)
+
+    monkeypatch.setattr(plan_cache, "_store", store_later)
+    monkeypatch.setattr(run.fast, "pipeline", stream)
+
+
+def test_the_plan_is_kept_while_the_checkpoint_streams_and_before_convert_returns(lane, tmp_path, monkeypatch):
+    src, contract = lane
+    _kept_while_streaming(monkeypatch)
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert len(list((tmp_path / "cache" / "convert-plans").glob("*.json"))) == 1
+    assert _convert(contract, src, tmp_path / "b") == "cached"
+
+
+def test_a_contract_edited_while_the_checkpoint_streams_is_not_kept(lane, tmp_path, monkeypatch):
+    """What the compile read is hashed when the plan is kept, while the checkpoint streams: a contract edited
+    since the compile began is not trusted to be the text it read, and nothing is kept."""
+    src, contract = lane
+    _kept_while_streaming(monkeypatch, lambda: contract.write_text(contract.read_text() + "\n"))
+    assert _convert(contract, src, tmp_path / "a") == "compiled"
+    assert not list((tmp_path / "cache" / "convert-plans").glob("*.json"))
+    assert _convert(contract, src, tmp_path / "b") == "compiled"
+
+
 def test_a_checkpoint_converted_a_moment_after_it_was_saved_is_kept(lane, tmp_path, monkeypatch):
     """A training run converts each checkpoint as soon as it is saved: a tenth of a second later is enough."""
     _, contract = lane
