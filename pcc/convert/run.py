@@ -43,7 +43,6 @@ from pcc.convert.shards import (
     ShardWriter,
     complete,
     plan_shards,
-    ring_ahead,
     writing,
 )
 from pcc.convert.source import INDEX, Source, open_source
@@ -76,7 +75,6 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
     compiled against the source. The Plan itself is compiled only where the conversion needs more
     than its converter plan (`plan_of`: a quantized source, input scales, the torch path)."""
     t0 = time.perf_counter()
-    ring = ring_ahead()
     with _start_up() as started, contextlib.ExitStack() as after:
         src = open_source(src_dir)
         extras = src.extra_files()  # checked before anything is written: a link out of the source is refused
@@ -103,7 +101,7 @@ def convert(contract: str, src_dir: str, dst_dir: str, resume: bool = False, for
             work = _staging(dst, resume, force)
             with _stopping(dst, work):
                 made, scales = _build(plan_of, doc, listed, specs, src, work, extras, resume, max_shard_bytes,
-                                      progress, calibrate, calibration_tokens, ring)
+                                      progress, calibrate, calibration_tokens)
                 with writing(work):
                     _install(work, dst)
     secs = time.perf_counter() - t0
@@ -127,11 +125,10 @@ def _staging(dst: Path, resume: bool, force: bool) -> Path:
 
 def _build(plan_of, doc: dict, listed: tuple | None, specs: dict | None, src: Source, work: Path,
            extras: list[Path], resume: bool, max_shard_bytes: int, progress: bool, calibrate: bool | None,
-           calibration_tokens: str | None, ring=None) -> tuple[dict, object]:
+           calibration_tokens: str | None) -> tuple[dict, object]:
     """The whole checkpoint in `work` (finished shards of an earlier run kept with `resume`): the summary's
     counts, and the input scales (none where a bundle's converter plan runs, `listed` its `_items` and `specs`
-    their `fast.eligible`: the torch-free path it is taken for writes none). `ring`: the writer's staging ring,
-    being made (`ring_ahead`)."""
+    their `fast.eligible`: the torch-free path it is taken for writes none)."""
     try:
         scales = InputScales() if listed else resolve_input_scales(plan_of(), src, calibrate, calibration_tokens)
     except BaseException:
@@ -143,7 +140,7 @@ def _build(plan_of, doc: dict, listed: tuple | None, specs: dict | None, src: So
     shards = plan_shards(order, max_shard_bytes)
     job = _job_id(doc, src, max_shard_bytes, scales.identity())
     done = {s.file for s in shards if resume and complete(work, s, job)}
-    writer = ShardWriter(work, shards, done, job, ring)
+    writer = ShardWriter(work, shards, done, job)
     for s in shards:
         stale = work / (s.file + ".tmp")
         if stale.exists():

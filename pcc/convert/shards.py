@@ -17,7 +17,6 @@ import collections
 import contextlib
 import ctypes
 import errno
-import functools
 import hashlib
 import json
 import math
@@ -128,46 +127,6 @@ STAGE_COUNT = 5  # slots in the ring (what a batch of the fast pipeline reserves
 _ALIGN = 4096
 
 
-class RingAhead:
-    """The staging ring (`_ring_memory`), made on a thread of its own from the start of a conversion for the
-    ShardWriter that takes it, and its pages allocated there (`_populate`) until the writer takes it: their faults
-    then overlap the caller's start-up instead of slowing the pipeline's first pass through the ring, and the
-    pipeline neither waits for them nor shares the cores with them (docs/convert.md "The ring made ahead")."""
-
-    _STEP = 4 << 20  # pages allocated per call, between which a taken ring is left alone
-
-    def __init__(self, size: int):
-        self.size = size
-        self._made: Future = Future()
-        self._taken = threading.Event()
-        threading.Thread(target=self._make, name="pcc-ring", daemon=True).start()
-
-    def _make(self) -> None:
-        ring = None
-        try:
-            ring = _ring_memory(self.size)
-        except (OSError, ValueError, OverflowError, MemoryError):
-            return  # (the writer makes its own, and meets the error there)
-        finally:
-            self._made.set_result(ring)
-        view = ring[0]
-        for at in range(0, view.nbytes, self._STEP):
-            if self._taken.is_set():
-                break
-            with view[at:at + self._STEP] as part:
-                _populate(part)
-
-    def take(self) -> tuple[memoryview, bool] | None:
-        """The ring (None where it could not be made), its pages left to fault from now on."""
-        self._taken.set()
-        return self._made.result()
-
-
-def ring_ahead() -> RingAhead:
-    """The ring a conversion's ShardWriter will take, being made now."""
-    return RingAhead(STAGE_BYTES * STAGE_COUNT)
-
-
 def _ring_memory(size: int) -> tuple[memoryview, bool]:
     """`size` bytes for the staging ring, and whether they are mapped twice back to back (one memfd, Linux), so
     a span that runs past the ring's end is one view of [at, at + nbytes) and is written in place. Elsewhere, or
@@ -181,29 +140,8 @@ def _ring_memory(size: int) -> tuple[memoryview, bool]:
     return memoryview(mmap.mmap(-1, size)), False  # (zero pages until first written)
 
 
-@functools.cache
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+: every page of a range allocated and mapped writable, in one call
-
-
-def _populate(view: memoryview) -> bool:
-    """`view`'s pages allocated and mapped now, not one write fault per 4 KiB page as they are first written: 0.06
-    s for the doubled 80 MiB ring here, against 0.08-0.1 s of faults. Pages already there are left as they are, so
-    this may run while the ring is in use. False where the system refuses it (an older kernel's EINVAL, not Linux):
-    the pages fault as before."""
-    at = buffer_address(view)
-    if sys.platform != "linux" or at is None:
-        return False
-    advise = _libc().madvise
-    advise.restype, advise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return advise(at, view.nbytes, _MADV_POPULATE_WRITE) == 0
-
-
 def _twice(size: int) -> memoryview:
-    libc = _libc()
+    libc = ctypes.CDLL(None, use_errno=True)
     map_, unmap = libc.mmap, libc.munmap
     map_.restype, map_.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                                     ctypes.c_int, ctypes.c_long]
@@ -367,16 +305,15 @@ class ShardWriter:
     are computed, and the hash never delays a write (on the disk thread it made that thread the bench MoE's
     bottleneck). `write` is the three at once (the torch pipeline's writer)."""
 
-    def __init__(self, root: Path, shards: list[Shard], done: set[str], job: str, ring: RingAhead | None = None):
+    def __init__(self, root: Path, shards: list[Shard], done: set[str], job: str):
         self.root, self.job = root, job
-        self._made = ring  # the ring `ring_ahead` is making, if any
         self.shards = [s for s in shards if s.file not in done]
         self.owner = {n: s for s in self.shards for n in s.names}
         self.digests = {}
         self._slot, self._count = STAGE_BYTES, STAGE_COUNT
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
-        self._ring: memoryview | None = None  # taken (or made) at the first reservation (`_ring_memory`)
+        self._ring: memoryview | None = None  # made at the first reservation (`_ring_memory`)
         self._ring_at = 0  # its first byte's address
         self._doubled = False  # the ring mapped twice back to back: a span past its end is written in place
         self._lock = threading.Condition()
@@ -425,9 +362,7 @@ class ShardWriter:
         if self._shard is not None and self._pos != len(self._shard.names):
             raise ConvertError(f"{self._shard.file}: left incomplete")
         if self._ring is None:
-            size, made, self._made = self._slot * self._count, self._made, None
-            ring = made.take() if made and made.size == size else None
-            self._ring, self._doubled = ring or _ring_memory(size)
+            self._ring, self._doubled = _ring_memory(self._slot * self._count)
             self._ring_at = buffer_address(self._ring)
         self._at = self._start = -(-self._at // self._slot) * self._slot
         self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))

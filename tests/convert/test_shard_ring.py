@@ -25,11 +25,9 @@ def _mapped_once(size):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("direct, doubled, made", [(True, True, False), (False, True, False), (True, False, False),
-                                                   (False, False, False), (True, True, True), (True, False, True)])
-def test_spans_filled_out_of_order_give_each_shards_bytes(tmp_path, monkeypatch, seed, direct, doubled, made):
-    """Doubled: the ring mapped twice back to back (Linux), a span past its end written in place; else bounced.
-    Made: the writer takes the ring `ring_ahead` made (perhaps still allocating its pages), as a conversion's does."""
+@pytest.mark.parametrize("direct, doubled", [(True, True), (False, True), (True, False), (False, False)])
+def test_spans_filled_out_of_order_give_each_shards_bytes(tmp_path, monkeypatch, seed, direct, doubled):
+    """Doubled: the ring mapped twice back to back (Linux), a span past its end written in place; else bounced."""
     rng = random.Random(seed)
     monkeypatch.setattr(shards, "STAGE_BYTES", 8192)
     if not direct:
@@ -40,7 +38,7 @@ def test_spans_filled_out_of_order_give_each_shards_bytes(tmp_path, monkeypatch,
     data = {name: rng.randbytes(shape[0]) for name, _, shape in targets}
     plan = plan_shards(targets, 50000)
     (tmp_path / shards.RECORDS).mkdir()
-    writer = ShardWriter(tmp_path, plan, set(), "job", shards.ring_ahead() if made else None)
+    writer = ShardWriter(tmp_path, plan, set(), "job")
     handed: queue.Queue = queue.Queue()
     fill, stop, failed = ThreadPoolExecutor(3), threading.Event(), []
     ring, crossed = 8192 * shards.STAGE_COUNT, []
@@ -143,27 +141,3 @@ def test_a_tensor_of_another_size_than_its_header_is_an_error_where_it_ends(tmp_
     with pytest.raises(ConvertError, match="a ends at byte .*its header says"):
         writer.reserve("a", 39, True)
     writer.abort()
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the doubled ring and MADV_POPULATE_WRITE are Linux's")
-def test_populating_the_ring_allocates_every_page_of_both_halves():
-    """`_populate` leaves no page of the ring to fault in the pipeline: none is resident before (a fresh memfd),
-    every one of both mappings after (mincore)."""
-    import ctypes
-    import mmap
-
-    size = 64 * mmap.PAGESIZE
-    ring = shards._twice(size)
-    at = shards.buffer_address(ring)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-
-    def resident() -> int:
-        vec = ctypes.create_string_buffer(2 * size // mmap.PAGESIZE)
-        assert libc.mincore(at, 2 * size, vec) == 0, ctypes.get_errno()
-        return sum(b & 1 for b in vec.raw)
-
-    assert resident() == 0
-    if not shards._populate(ring):
-        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
-    assert resident() == 2 * size // mmap.PAGESIZE
