@@ -17,6 +17,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ import os
 import sys
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +141,28 @@ def _ring_memory(size: int) -> tuple[memoryview, bool]:
     return memoryview(mmap.mmap(-1, size)), False  # (zero pages until first written)
 
 
+_MADV_REMOVE = 9  # (Linux) a shared mapping's pages freed (the memfd's, or mmap's shared anonymous ones)
+
+
+def _give_back(view: memoryview, written: list[Future]) -> None:
+    """On the freeing thread: a slot's pages freed once its write and hash are done (`written`), where no later
+    byte of the stream is staged there: what the ring's unmapping would free after the last write (18 ms for its
+    80 MiB here), freed beside the last slots' writes instead. Where the system refuses, they are freed then."""
+    wait(written)
+    at = buffer_address(view)
+    if sys.platform == "linux" and at is not None:
+        advise = _libc().madvise
+        advise.restype, advise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        advise(at, view.nbytes, _MADV_REMOVE)
+
+
+@functools.cache
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _twice(size: int) -> memoryview:
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     map_, unmap = libc.mmap, libc.munmap
     map_.restype, map_.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                                     ctypes.c_int, ctypes.c_long]
@@ -300,7 +321,8 @@ class ShardWriter:
     a slot), with two cursors: a producer `reserve`s a tensor's next bytes, gets a view of the ring where they
     will be written from, fills it (perhaps on other threads: the fast pipeline's kernels quantize into it, its
     reads land in it) and `commit`s the spans in the same order; a slot whose bytes are all committed goes to the
-    disk thread and the hash thread (each only reads it), and its bytes are reserved again once both are done. So
+    disk thread and the hash thread (each only reads it), and its bytes are reserved again once both are done (in
+    the ring's last pass, its pages are freed then: `_give_back`). So
     nothing is copied between computing a tensor's bytes and writing them, the disk works while the next tensors
     are computed, and the hash never delays a write (on the disk thread it made that thread the bench MoE's
     bottleneck). `write` is the three at once (the torch pipeline's writer)."""
@@ -313,6 +335,10 @@ class ShardWriter:
         self._slot, self._count = STAGE_BYTES, STAGE_COUNT
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
+        self._freeing = ThreadPoolExecutor(1, thread_name_prefix="pcc-free")
+        self._end = 0  # where the stream ends (each shard starts at a slot): the ring's last use of each slot
+        for s in self.shards:
+            self._end = -(-self._end // self._slot) * self._slot + s.size
         self._ring: memoryview | None = None  # made at the first reservation (`_ring_memory`)
         self._ring_at = 0  # its first byte's address
         self._doubled = False  # the ring mapped twice back to back: a span past its end is written in place
@@ -463,6 +489,8 @@ class ShardWriter:
         sent = [self._hashing.submit(_digest, sink.digest, view[:n]),
                 self._disk.submit(sink.put, view, start - sink.start)]
         sink.futures += sent
+        if start + ring >= self._end:  # (no later byte of the stream is staged in this slot: a shard starts at one)
+            self._freeing.submit(_give_back, self._ring[at:at + self._slot], sent)
         sink.sent = end
         with self._lock:
             self._sent[start // self._slot] = [(f, sink.path) for f in sent]
@@ -505,10 +533,12 @@ class ShardWriter:
             self._sinks.popleft().discard()
         self._disk.shutdown()
         self._hashing.shutdown()
+        self._freeing.shutdown()
 
     def finish(self) -> None:
         self._disk.shutdown()
         self._hashing.shutdown()
+        self._freeing.shutdown()
         if self._sinks:
             raise ConvertError(f"{self._sinks[0].shard.file}: input ended before the shard was full")
         missing = [s.file for s in self.shards if s.file not in self.digests]

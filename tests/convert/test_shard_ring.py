@@ -141,3 +141,32 @@ def test_a_tensor_of_another_size_than_its_header_is_an_error_where_it_ends(tmp_
     with pytest.raises(ConvertError, match="a ends at byte .*its header says"):
         writer.reserve("a", 39, True)
     writer.abort()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore and MADV_REMOVE are Linux's")
+@pytest.mark.parametrize("doubled", [True, False])
+def test_the_rings_pages_are_given_back_as_its_last_uses_are_written(tmp_path, monkeypatch, doubled):
+    """A slot whose pages stage no later byte of the stream is freed once written and hashed, not when the ring
+    is unmapped after the last write: none of the ring's pages is resident once the writer finishes, and every
+    byte reached the file (a slot freed too soon would have written zeros)."""
+    import ctypes
+    import mmap
+
+    monkeypatch.setattr(shards, "STAGE_BYTES", 2 * mmap.PAGESIZE)
+    if not doubled:
+        monkeypatch.setattr(shards, "_twice", _mapped_once)
+    size = 23 * mmap.PAGESIZE + 100  # the ring's five slots used twice, and more
+    plan = plan_shards([("a", "U8", [size]), ("b", "U8", [size // 3])], 1 << 30)
+    (tmp_path / shards.RECORDS).mkdir()
+    writer = ShardWriter(tmp_path, plan, set(), "job")
+    data = {"a": random.Random(0).randbytes(size), "b": random.Random(1).randbytes(size // 3)}
+    for name in ("a", "b"):
+        writer.write(name, data[name])
+    writer.finish()
+    assert (tmp_path / plan[0].file).read_bytes() == plan[0].header + data["a"] + data["b"]
+    ring = writer._ring[:shards.STAGE_BYTES * shards.STAGE_COUNT]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    vec = ctypes.create_string_buffer(ring.nbytes // mmap.PAGESIZE)
+    assert libc.mincore(shards.buffer_address(ring), ring.nbytes, vec) == 0, ctypes.get_errno()
+    assert sum(b & 1 for b in vec.raw) == 0
