@@ -400,8 +400,8 @@ def _entry(key: str, folder: _Folder) -> dict | None:
 def compiled(contract: str, src, compute) -> tuple[dict, Callable[[], None]]:
     """compute() (the converter plan, compiled against `src`), and a function that returns once the plan is kept
     for `lookup` where it can be. It is kept on a thread of its own while the caller goes on (a conversion
-    streams meanwhile: 0.03-0.06 s here its start-up no longer waits for), and the caller calls that function
-    before it returns (a cache that changes after `pcc convert` returned is no cache to test or trust)."""
+    streams meanwhile: its start-up no longer waits the 0.03-0.06 s keeping takes here), and the caller calls that
+    function before it returns (a cache that changes after `pcc convert` returned is no cache to test or trust)."""
     started = time.time()
     plan, reads = _record(compute)
     if reads.refused is not None or not _usable(src) or plan.get("source_fingerprint") is None:

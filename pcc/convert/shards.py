@@ -151,22 +151,24 @@ def _give_back(view: memoryview, written: list[Future]) -> None:
     wait(written)
     at = buffer_address(view)
     if sys.platform == "linux" and at is not None:
-        advise = _libc().madvise
-        advise.restype, advise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        advise(at, view.nbytes, _MADV_REMOVE)
+        _libc().madvise(at, view.nbytes, _MADV_REMOVE)
 
 
 @functools.cache
 def _libc():
-    return ctypes.CDLL(None, use_errno=True)
+    """The C library, with the signatures of the calls the ring makes (mmap, munmap, madvise), set once."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                              ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.restype, libc.munmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    if hasattr(libc, "madvise"):
+        libc.madvise.restype, libc.madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def _twice(size: int) -> memoryview:
     libc = _libc()
     map_, unmap = libc.mmap, libc.munmap
-    map_.restype, map_.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                                    ctypes.c_int, ctypes.c_long]
-    unmap.restype, unmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
     fd = os.memfd_create("pcc-ring", getattr(os, "MFD_CLOEXEC", 1))
     try:
         os.ftruncate(fd, size)
@@ -336,9 +338,9 @@ class ShardWriter:
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="pcc-disk")
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="pcc-hash")
         self._freeing = ThreadPoolExecutor(1, thread_name_prefix="pcc-free")
-        self._end = 0  # where the stream ends (each shard starts at a slot): the ring's last use of each slot
+        self._end = 0  # where the stream ends: the ring's last use of each slot (`_give_back`)
         for s in self.shards:
-            self._end = -(-self._end // self._slot) * self._slot + s.size
+            self._end = self._slot_start(self._end) + s.size
         self._ring: memoryview | None = None  # made at the first reservation (`_ring_memory`)
         self._ring_at = 0  # its first byte's address
         self._doubled = False  # the ring mapped twice back to back: a span past its end is written in place
@@ -353,6 +355,10 @@ class ShardWriter:
 
     def wanted(self, name: str) -> bool:
         return name in self.owner
+
+    def _slot_start(self, at: int) -> int:
+        """Where a shard opened at stream position `at` starts: the next slot's first byte (a slot is one write)."""
+        return -(-at // self._slot) * self._slot
 
     # ---- the producer's side ----
 
@@ -390,7 +396,7 @@ class ShardWriter:
         if self._ring is None:
             self._ring, self._doubled = _ring_memory(self._slot * self._count)
             self._ring_at = buffer_address(self._ring)
-        self._at = self._start = -(-self._at // self._slot) * self._slot
+        self._at = self._start = self._slot_start(self._at)
         self._sinks.append(_Sink(shard, self.root / (shard.file + ".tmp"), self._at))
         self._shard, self._pos = shard, 0
         header = self._claim(len(shard.header), stop)
