@@ -160,7 +160,8 @@ def test_pcc_changed_since_this_process_loaded_it_keeps_nothing(lane, tmp_path, 
     import pcc
 
     src, contract = lane
-    monkeypatch.setattr(pcc, "IMPORTED_AT", time.time() - 3600)  # as if every file changed after the import
+    monkeypatch.setattr(pcc, "IMPORTED_AT", 0.0)  # as if every file changed after the import (at the epoch: an
+    # hour before now failed in a checkout whose files were all older than an hour)
     assert _convert(contract, src, tmp_path / "a") == "compiled"
     assert not list((tmp_path / "cache" / "convert-plans").glob("*.json"))
 
